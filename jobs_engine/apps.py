@@ -1,0 +1,15 @@
+from django.apps import AppConfig
+
+
+class JobsEngineConfig(AppConfig):
+    name = "jobs_engine"
+    verbose_name = "Jobs engine"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django.core.signals import setting_changed
+
+        from jobs_engine import checks  # noqa: F401  registers the system check
+        from jobs_engine.conf import reset_settings_cache
+
+        setting_changed.connect(reset_settings_cache)

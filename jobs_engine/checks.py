@@ -1,0 +1,23 @@
+"""Django system check: nonsense settings fail at start-up, naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+
+from jobs_engine.errors import InvalidSettings
+
+
+@checks.register("jobs_engine")
+def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from jobs_engine.conf import load_settings
+
+    try:
+        current = load_settings()
+    except (InvalidSettings, TypeError) as exc:
+        return [checks.Error(str(exc), id="jobs_engine.E001")]
+    return [
+        checks.Error(f"JOBS[{name!r}] {problem}", id="jobs_engine.E002", obj="JOBS")
+        for name, problem in current.problems()
+    ]

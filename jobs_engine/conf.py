@@ -1,0 +1,126 @@
+"""Every tunable of the engine in one settings object.
+
+Values come from ``settings.JOBS`` and may be overridden by environment variables
+``JOBS_<NAME>`` (operators change a pod without a deploy). ``problems()`` lists what is
+wrong; the system check in ``checks.py`` turns those into start-up errors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.conf import settings as django_settings
+
+from jobs_engine.errors import InvalidSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobsSettings:
+    PARTITIONS: int = 64
+    FAST_BATCH: int = 100
+    LONG_BATCH: int = 10
+    RETRY_DELAYS: tuple[float, ...] = (60, 120, 240, 480, 960)
+    MAX_ATTEMPTS: int = 6
+    POLL_S: float = 1
+    IDLE_POLL_S: tuple[float, ...] = (1, 2, 5)
+    PARTITION_LEASE_S: float = 30
+    PARTITION_HEARTBEAT_S: float = 10
+    LONG_LEASE_S: float = 300
+    LONG_HEARTBEAT_S: float = 60
+    PROBE_S: float = 30
+    TICK_S: float = 15
+    GRACE_S: float = 60
+    DEAD_TTL_DAYS: float = 30
+    MAX_PAYLOAD_BYTES: int = 1_048_576
+    MAX_KEY_LENGTH: int = 255
+    MAX_CODE_LENGTH: int = 200
+    WORKERS: bool = True
+    NOTIFY: bool = True  # PostgreSQL only: wake workers on commit instead of the next poll
+    KAFKA: dict[str, Any] = field(default_factory=dict)
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(field, problem) for every value that cannot work."""
+        found: list[tuple[str, str]] = []
+        positive = (
+            "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "MAX_ATTEMPTS", "POLL_S",
+            "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S", "LONG_HEARTBEAT_S",
+            "PROBE_S", "TICK_S", "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH", "MAX_CODE_LENGTH",
+        )
+        for name in positive:
+            if not getattr(self, name) > 0:
+                found.append((name, f"must be greater than 0, got {getattr(self, name)!r}"))
+        for name in ("GRACE_S", "DEAD_TTL_DAYS"):
+            if getattr(self, name) < 0:
+                found.append((name, f"must not be negative, got {getattr(self, name)!r}"))
+        for name in ("RETRY_DELAYS", "IDLE_POLL_S"):
+            values = getattr(self, name)
+            if not values or any(v < 0 for v in values):
+                found.append((name, f"must be a non-empty list of delays >= 0, got {values!r}"))
+        if self.PARTITION_HEARTBEAT_S >= self.PARTITION_LEASE_S:
+            found.append(("PARTITION_HEARTBEAT_S", "must be shorter than PARTITION_LEASE_S"))
+        if self.LONG_HEARTBEAT_S >= self.LONG_LEASE_S:
+            found.append(("LONG_HEARTBEAT_S", "must be shorter than LONG_LEASE_S"))
+        return found
+
+
+_NUMBER_LISTS = {"RETRY_DELAYS", "IDLE_POLL_S"}
+
+
+def _parse_env(name: str, raw: str, default: Any) -> Any:
+    try:
+        if name in _NUMBER_LISTS:
+            return tuple(float(part) for part in raw.split(",") if part.strip())
+        if isinstance(default, bool):
+            if raw.strip().lower() in {"on", "true", "1", "yes"}:
+                return True
+            if raw.strip().lower() in {"off", "false", "0", "no"}:
+                return False
+            raise ValueError("expected on or off")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+    except ValueError as exc:
+        raise InvalidSettings(f"JOBS_{name}={raw!r} from the environment: {exc}") from exc
+    raise InvalidSettings(f"JOBS_{name} cannot be set from the environment")
+
+
+def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+                  ) -> JobsSettings:
+    """Build the settings from ``settings.JOBS`` (or ``overrides``) and the environment."""
+    given = dict(getattr(django_settings, "JOBS", {}) if overrides is None else overrides)
+    environ = os.environ if environ is None else environ
+    defaults = JobsSettings()
+    known = {f.name for f in dataclasses.fields(JobsSettings)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise InvalidSettings(f"JOBS has unknown settings: {', '.join(unknown)}")
+    for name in known - {"KAFKA"}:
+        raw = environ.get(f"JOBS_{name}")
+        if raw is not None:
+            given[name] = _parse_env(name, raw, getattr(defaults, name))
+    for name in _NUMBER_LISTS & set(given):
+        given[name] = tuple(given[name])
+    if isinstance(given.get("WORKERS"), str):
+        given["WORKERS"] = _parse_env("WORKERS", given["WORKERS"], True)
+    return JobsSettings(**given)
+
+
+_cached: JobsSettings | None = None
+
+
+def jobs_settings() -> JobsSettings:
+    """The process-wide settings, read once."""
+    global _cached
+    if _cached is None:
+        _cached = load_settings()
+    return _cached
+
+
+def reset_settings_cache(*_args: Any, **_kwargs: Any) -> None:
+    """Drop the cache (connected to Django's ``setting_changed`` for tests)."""
+    global _cached
+    _cached = None

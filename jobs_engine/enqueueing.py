@@ -1,0 +1,194 @@
+"""Enqueue: job rows join the caller's open transaction.
+
+A committed business change always has its jobs; a rolled-back one has none. Every check
+runs before the first write, so a bad item leaves the database untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings, jobs_settings
+from jobs_engine.context import current_actor, current_trace_id, job_context
+from jobs_engine.errors import InvalidJob
+from jobs_engine.fast_lane import handler_job
+from jobs_engine.registry import Target, get_target
+
+logger = logging.getLogger("jobs_engine")
+
+MAX_DEDUPE_KEY_LENGTH = 255
+_COLUMN_KEY_LENGTH = 255
+_COLUMN_CODE_LENGTH = 200
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    inserted: bool
+    job_id: int | None
+    lossy: bool = False
+
+
+def partition_for(key: str | None, dedupe_key: str, partitions: int) -> int:
+    """A stable partition: md5, not ``hash()``, whose seed changes per process."""
+    digest = hashlib.md5((key or dedupe_key).encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+def _check_text(field: str, value: Any, limit: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(field, f"must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise InvalidJob(field, f"is {len(value)} characters, longer than {limit}")
+
+
+def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, store.NewJob]:
+    unknown = set(item) - {"target", "payload", "code", "key", "version", "dedupe_key",
+                           "headers", "run_at"}
+    if unknown:
+        raise InvalidJob(sorted(unknown)[0], "is not an enqueue argument")
+    if "target" not in item:
+        raise InvalidJob("target", "is required")
+    target = get_target(item["target"])
+    payload = item.get("payload")
+    try:
+        payload_json = json.dumps(payload, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob("payload", f"is not JSON-serialisable: {exc}") from None
+    size = len(payload_json.encode())
+    if size > settings.MAX_PAYLOAD_BYTES:
+        raise InvalidJob("payload", f"is {size} bytes, over MAX_PAYLOAD_BYTES "
+                                    f"({settings.MAX_PAYLOAD_BYTES})")
+    key, code, dedupe_key = item.get("key"), item.get("code"), item.get("dedupe_key")
+    _check_text("key", key, min(settings.MAX_KEY_LENGTH, _COLUMN_KEY_LENGTH))
+    _check_text("code", code, min(settings.MAX_CODE_LENGTH, _COLUMN_CODE_LENGTH))
+    _check_text("dedupe_key", dedupe_key, MAX_DEDUPE_KEY_LENGTH)
+    version = item.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise InvalidJob("version", f"must be an integer, got {version!r}")
+    if version is not None and version < 0:
+        raise InvalidJob("version", f"must not be negative, got {version}")
+    headers = item.get("headers") or {}
+    if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
+        raise InvalidJob("headers", "must be a mapping with string keys")
+    try:
+        json.dumps(dict(headers))
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob("headers", f"is not JSON-serialisable: {exc}") from None
+    run_at = item.get("run_at")
+    if run_at is not None and (not isinstance(run_at, datetime) or timezone.is_naive(run_at)):
+        raise InvalidJob("run_at", "must be a timezone-aware datetime")
+    dedupe_key = dedupe_key or uuid.uuid4().hex
+    return target, store.NewJob(
+        code=code or target.name, target=target.name, lane=target.lane.value, key=key,
+        partition=partition_for(key, dedupe_key, settings.PARTITIONS), version=version or 0,
+        payload_json=payload_json, headers=dict(headers), dedupe_key=dedupe_key,
+        delivery_mode=target.delivery_mode.value, trace_id=current_trace_id(),
+        actor=current_actor(), run_at=run_at,
+    )
+
+
+def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
+                 ) -> list[EnqueueResult]:
+    """Enqueue several jobs with one insert; results are in the order of ``items``.
+
+    Each item is a mapping of ``enqueue``'s arguments. Within the call and against rows
+    already stored, the first ``dedupe_key`` wins and the others insert nothing.
+    """
+    settings = jobs_settings()
+    built = [_build(item, settings) for item in items]
+    durable: list[store.NewJob] = []
+    seen: set[str] = set()
+    for target, row in built:
+        if not target.lossy and row.dedupe_key not in seen:
+            seen.add(row.dedupe_key)
+            durable.append(row)
+    inserted: dict[str, int] = {}
+    if durable:
+        with transaction.atomic(using=using):
+            inserted = store.jobs_insert_many(durable, timezone.now(), using)
+    existing: dict[str, int] = {}
+    missing = [row.dedupe_key for row in durable if row.dedupe_key not in inserted]
+    if missing:
+        existing = store.jobs_ids_by_dedupe_key(missing, using)
+    results: list[EnqueueResult] = []
+    first_claim: set[str] = set()
+    for target, row in built:
+        if target.lossy:
+            transaction.on_commit(lambda t=target, r=row: _hand_off_lossy(t, r, settings),
+                                  using=using)
+            results.append(EnqueueResult(inserted=False, job_id=None, lossy=True))
+            continue
+        if row.dedupe_key in inserted and row.dedupe_key not in first_claim:
+            first_claim.add(row.dedupe_key)
+            results.append(EnqueueResult(inserted=True, job_id=inserted[row.dedupe_key]))
+        else:
+            job_id = inserted.get(row.dedupe_key) or existing.get(row.dedupe_key)
+            results.append(EnqueueResult(inserted=False, job_id=job_id))
+    return results
+
+
+def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | None = None,
+            version: int | None = None, dedupe_key: str | None = None,
+            headers: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+            using: str | None = None) -> EnqueueResult:
+    """Enqueue one job inside the caller's transaction (autocommit outside one).
+
+    Business code should derive ``dedupe_key`` from the change (``<event>:<key>:<version>``)
+    so a replayed request cannot make a second job; without one a random key is used.
+    """
+    item = {"target": target, "payload": payload, "code": code, "key": key, "version": version,
+            "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at}
+    return enqueue_many([item], using=using)[0]
+
+
+def next_version(key: str, using: str | None = None) -> int:
+    """The next version of ``key`` (1, 2, ...), atomic inside the caller's transaction."""
+    _check_text("key", key, _COLUMN_KEY_LENGTH)
+    with transaction.atomic(using=using):
+        return store.version_counter_next(key, using)
+
+
+# -- lossy targets: one try after commit, dropped on failure ----------------------------------
+
+_lossy_pool: ThreadPoolExecutor | None = None
+
+
+def _hand_off_lossy(target: Target, row: store.NewJob, settings: JobsSettings) -> None:
+    global _lossy_pool
+    if not settings.WORKERS:
+        logger.warning("lossy job dropped target=%s dedupe_key=%s reason=JOBS_WORKERS=off",
+                       target.name, row.dedupe_key)
+        return
+    if _lossy_pool is None:
+        _lossy_pool = ThreadPoolExecutor(2, thread_name_prefix="jobs-lossy")
+    _lossy_pool.submit(_run_lossy, target, row)
+
+
+def _run_lossy(target: Target, row: store.NewJob) -> None:
+    job = store.JobRow(id=0, target=row.target, code=row.code, key=row.key, version=row.version,
+                       payload=json.loads(row.payload_json), headers=row.headers, attempts=0,
+                       trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor,
+                       partition=row.partition, delivery_mode=row.delivery_mode, created_at=None)
+    try:
+        with job_context(row.trace_id, {"via": "system"}):
+            target.handler(handler_job(job))
+    except Exception as exc:
+        logger.warning("lossy job dropped target=%s dedupe_key=%s error=%r", target.name,
+                       row.dedupe_key, exc)
+    else:
+        logger.info("job run code=%s target=%s dedupe_key=%s attempts=0 result=ok lossy=1",
+                    row.code, row.target, row.dedupe_key)

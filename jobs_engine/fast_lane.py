@@ -1,0 +1,180 @@
+"""The fast lane: ordered sends from the partitions this worker holds.
+
+One ``run_once`` reads up to ``FAST_BATCH`` due rows (each the head of its key), and per
+partition hands them to their targets in *sends*. Before a send its rows are added to
+the partition's in-flight mark under the lease guard; outcomes are written when the
+partition's rows are done, so a crash at any point leaves every handed row judged by its
+delivery mode on takeover, and every row not handed still PENDING.
+
+A send is one row, except for targets with a batch handler and at-least-once targets
+(for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
+hand all their rows of the partition in one send, which is the route to speed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from itertools import groupby
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings
+from jobs_engine.context import job_context
+from jobs_engine.errors import UnknownTarget
+from jobs_engine.leases import PartitionLeases
+from jobs_engine.outcomes import RunResult, judge, record
+from jobs_engine.pauses import PauseGate
+from jobs_engine.registry import Job, Target, get_target
+from jobs_engine.states import DeliveryMode, Lane
+
+logger = logging.getLogger("jobs_engine")
+
+
+def handler_job(row: store.JobRow) -> Job:
+    return Job(id=row.id, target=row.target, code=row.code, key=row.key, version=row.version,
+               payload=row.payload, headers=row.headers, attempts=row.attempts,
+               trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor,
+               created_at=row.created_at)
+
+
+def call_handler(target: Target, row: store.JobRow) -> BaseException | None:
+    with job_context(row.trace_id, {"via": "system", "origin": row.actor}):
+        try:
+            target.handler(handler_job(row))
+        except Exception as exc:  # every failure is an outcome, never a crashed worker
+            return exc
+    return None
+
+
+def call_batch_handler(target: Target, rows: Sequence[store.JobRow]
+                       ) -> list[BaseException | None]:
+    assert target.batch_handler is not None
+    with job_context(rows[0].trace_id, {"via": "system"}):
+        try:
+            results = list(target.batch_handler([handler_job(row) for row in rows]))
+        except Exception as exc:
+            return [exc] * len(rows)
+    if len(results) != len(rows):
+        error = RuntimeError(f"batch handler of {target.name} returned {len(results)} results "
+                             f"for {len(rows)} jobs")
+        return [error] * len(rows)
+    return results
+
+
+def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]
+             ) -> list[list[store.JobRow]]:
+    """Split one partition's rows into sends (see the module docstring)."""
+    sends: list[list[store.JobRow]] = []
+    for name, group in groupby(sorted(rows, key=lambda r: r.target), key=lambda r: r.target):
+        group_rows = list(group)
+        target = targets[name]
+        if target is not None and (target.batch_handler is not None
+                                   or target.delivery_mode is DeliveryMode.AT_LEAST_ONCE):
+            sends.append(group_rows)
+        else:
+            sends += [[row] for row in group_rows]
+    return sends
+
+
+class FastLane:
+    def __init__(self, worker_id: str, settings: JobsSettings, leases: PartitionLeases,
+                 pauses: PauseGate, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.worker_id = worker_id
+        self.settings = settings
+        self.leases = leases
+        self.pauses = pauses
+        self._monotonic = monotonic
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """One poll and its sends; returns the number of rows handed to targets."""
+        held = self.leases.held()
+        if not held:
+            return 0
+        now = now or store.db_now()
+        started = self._monotonic()
+
+        def clock() -> datetime:  # the database clock, advanced locally during the batch
+            return now + timedelta(seconds=self._monotonic() - started)
+
+        gate = self.pauses.check(now, Lane.FAST)
+        rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, sorted(gate.skip))
+        rows = self._limit_probes(rows, gate.probes)
+        handed = 0
+        for partition, group in groupby(sorted(rows, key=lambda r: (r.partition, r.id)),
+                                        key=lambda r: r.partition):
+            self.leases.busy.add(partition)
+            try:
+                handed += self._send_partition(partition, list(group), gate.probes, clock)
+            finally:
+                self.leases.busy.discard(partition)
+        return handed
+
+    @staticmethod
+    def _limit_probes(rows: list[store.JobRow], probes: frozenset[str]) -> list[store.JobRow]:
+        """A probe is one row of its target."""
+        seen: set[str] = set()
+        kept = []
+        for row in rows:
+            if row.target in probes:
+                if row.target in seen:
+                    continue
+                seen.add(row.target)
+            kept.append(row)
+        return kept
+
+    def _send_partition(self, partition: int, rows: list[store.JobRow], probes: frozenset[str],
+                        clock: Callable[[], datetime]) -> int:
+        targets: dict[str, Target | None] = {}
+        for row in rows:
+            try:
+                targets[row.target] = get_target(row.target)
+            except UnknownTarget:
+                targets[row.target] = None
+        token = uuid.uuid4().hex
+        inflight: list[int] = []
+        results: list[RunResult] = []
+        paused: set[str] = set()
+        for send in sends_of(rows, targets):
+            target = targets[send[0].target]
+            if send[0].target in paused:
+                continue  # the rest of a paused target's batch waits; other targets go on
+            if not self.leases.trusted(partition):
+                break  # self-fencing: the lease may be gone, send nothing more
+            inflight += [row.id for row in send]
+            if not store.partition_mark_inflight_if_leased(partition, self.worker_id, clock(),
+                                                           inflight, token):
+                logger.warning("partition lease lost before send partition=%s worker=%s",
+                               partition, self.worker_id)
+                self.leases.drop(partition)
+                inflight = inflight[: -len(send)]
+                break
+            results += self._send(target, send, clock)
+            for result in results[-len(send):]:
+                if result.outcome.pause_target:
+                    paused.add(result.row.target)
+        if results:
+            now = clock()
+            record(store.Guard(Lane.FAST, token), results, now, self.settings)
+            for target_name in probes & {r.row.target for r in results} - paused:
+                self.pauses.probe_answered(target_name)
+        if inflight:
+            store.partition_clear_inflight(partition, token)
+        return len(results)
+
+    def _send(self, target: Target | None, send: list[store.JobRow],
+              clock: Callable[[], datetime]) -> list[RunResult]:
+        started = self._monotonic()
+        if target is None:
+            errors: list[BaseException | None] = [
+                UnknownTarget(send[0].target)] * len(send)
+        elif target.batch_handler is not None:
+            errors = call_batch_handler(target, send)
+        else:
+            errors = [call_handler(target, row) for row in send]
+        duration_ms = (self._monotonic() - started) * 1000 / len(send)
+        now = clock()
+        return [RunResult(row, judge(row, target, error, now, self.settings), duration_ms)
+                for row, error in zip(send, errors, strict=True)]

@@ -1,0 +1,139 @@
+"""The long lane: leased rows for handlers that run for minutes.
+
+``run_once`` first rescues rows whose lease expired (their worker died or stalled), then
+reserves up to ``LONG_BATCH`` rows under a claim token and hands each to a thread. The
+heartbeat renews the leases of rows in hand; every write of a row's outcome is guarded
+on its claim token, so a worker that lost a row cannot finish it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta
+
+from django.db import connection
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings
+from jobs_engine.errors import UnknownTarget
+from jobs_engine.fast_lane import call_handler
+from jobs_engine.outcomes import RunResult, announce_closed, judge, record
+from jobs_engine.pauses import PauseGate
+from jobs_engine.registry import Target, all_targets, get_target
+from jobs_engine.states import Lane
+
+logger = logging.getLogger("jobs_engine")
+
+
+class LongLane:
+    def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
+                 threads: bool = True, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.worker_id = worker_id
+        self.settings = settings
+        self.pauses = pauses
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._in_hand: dict[int, str] = {}  # job id -> claim token
+        self._pool = (ThreadPoolExecutor(settings.LONG_BATCH, thread_name_prefix="long-lane")
+                      if threads else None)
+        self._futures: set[Future[None]] = set()
+
+    def in_hand(self) -> int:
+        with self._lock:
+            return len(self._in_hand)
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """Rescue expired leases, then reserve and start rows; returns rows started."""
+        now = now or store.db_now()
+        closed, released = store.jobs_long_rescue_expired(now)
+        announce_closed(closed)
+        if released:
+            logger.warning("long lane released %s rows whose lease expired", released)
+        free = self.settings.LONG_BATCH - self.in_hand()
+        if free <= 0:
+            return 0
+        gate = self.pauses.check(now, Lane.LONG)
+        token = uuid.uuid4().hex
+        exclusive = [t.name for t in all_targets() if t.exclusive and t.lane is Lane.LONG]
+        rows = store.jobs_long_reserve(
+            self.worker_id, token, now, self.settings.LONG_LEASE_S, free,
+            exclusive_targets=exclusive, skip_targets=sorted(gate.skip),
+        )
+        probed: set[str] = set()
+        for row in rows:
+            if row.target in gate.probes and row.target in probed:
+                # One probe per paused target: give the others back untouched.
+                store.job_release_unchanged(store.Guard(Lane.LONG, token), row.id, row.attempts,
+                                            "", now)
+                continue
+            probed.add(row.target)
+            with self._lock:
+                self._in_hand[row.id] = token
+            if self._pool is None:
+                self._run_row(row, now, row.target in gate.probes)
+            else:
+                future = self._pool.submit(self._run_row_in_thread, row,
+                                           row.target in gate.probes)
+                self._futures.add(future)
+                future.add_done_callback(self._futures.discard)
+        return len(rows)
+
+    def _run_row_in_thread(self, row: store.JobRow, probe: bool) -> None:
+        try:
+            self._run_row(row, None, probe)
+        except Exception:
+            logger.exception("long lane row %s failed outside its handler", row.id)
+        finally:
+            # Each pool thread keeps its own connection; drop it if it broke.
+            connection.close_if_unusable_or_obsolete()
+
+    def _run_row(self, row: store.JobRow, now: datetime | None, probe: bool) -> None:
+        assert row.claim_token is not None
+        started_clock = self._monotonic()
+        base = now or store.db_now()
+
+        def clock() -> datetime:
+            return base + timedelta(seconds=self._monotonic() - started_clock)
+
+        try:
+            if not store.job_long_mark_started(row.id, row.claim_token, clock()):
+                logger.warning("long lane lost row %s before it started", row.id)
+                return
+            target: Target | None
+            try:
+                target = get_target(row.target)
+            except UnknownTarget as exc:
+                target, error = None, exc
+            else:
+                error = call_handler(target, row)
+            duration_ms = (self._monotonic() - started_clock) * 1000
+            result = RunResult(row, judge(row, target, error, clock(), self.settings), duration_ms)
+            record(store.Guard(Lane.LONG, row.claim_token), [result], clock(), self.settings)
+            if probe and not result.outcome.pause_target:
+                self.pauses.probe_answered(row.target)
+        finally:
+            with self._lock:
+                self._in_hand.pop(row.id, None)
+
+    def renew(self, now: datetime | None = None) -> int:
+        """Heartbeat: extend the leases of rows in hand; returns how many were renewed."""
+        with self._lock:
+            tokens = sorted(set(self._in_hand.values()))
+        if not tokens:
+            return 0
+        renewed = store.jobs_long_renew(tokens, now or store.db_now(), self.settings.LONG_LEASE_S)
+        lost = set(tokens) - renewed
+        if lost:
+            logger.warning("long lane could not renew %s claim(s); their outcomes will be refused",
+                           len(lost))
+        return len(renewed)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Finish the rows in hand (their leases keep being renewed by the heartbeat)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait)

@@ -1,0 +1,18 @@
+"""Shared body of the worker commands."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from jobs_engine.conf import jobs_settings
+from jobs_engine.worker import WorkerProcess
+
+
+def run_lanes(command: BaseCommand, lanes: set[str]) -> None:
+    if not jobs_settings().WORKERS:
+        command.stdout.write("JOBS_WORKERS=off: this process only enqueues; no lane runs.")
+        return
+    worker = WorkerProcess(lanes)
+    command.stdout.write(f"worker {worker.worker_id} running {', '.join(sorted(lanes))}")
+    command.stdout.flush()
+    worker.run()

@@ -1,0 +1,120 @@
+"""Tables of the engine: jobs, partition leases, worker liveness, shared pause state,
+per-key version counters.
+
+The indexes are named after the query they serve; ``store.py`` holds those queries.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from jobs_engine.states import DeliveryMode, JobStatus, Lane
+
+PENDING = Q(status=JobStatus.PENDING)
+RUNNING = Q(status=JobStatus.RUNNING)
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    code = models.CharField(max_length=200, help_text="Business name; defaults to the target.")
+    target = models.CharField(max_length=200)
+    lane = models.CharField(max_length=8, choices=Lane.choices)
+    key = models.CharField(max_length=255, null=True, blank=True, help_text="Ordering key.")
+    partition = models.SmallIntegerField()
+    version = models.BigIntegerField(default=0, help_text="Order inside a key.")
+    payload = models.JSONField(null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    dedupe_key = models.CharField(max_length=255, unique=True)
+    status = models.CharField(max_length=8, choices=JobStatus.choices, default=JobStatus.PENDING)
+    delivery_mode = models.CharField(max_length=16, choices=DeliveryMode.choices,
+                                     default=DeliveryMode.AT_MOST_ONCE)
+    attempts = models.IntegerField(default=0, help_text="Answered failures so far.")
+    next_run_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+    # Long lane claim: every write by the holder is guarded on its token (fencing).
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    claim_token = models.CharField(max_length=32, null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    running_code = models.CharField(max_length=200, null=True, blank=True)
+    # Fast lane: the in-flight token under which this row's outcome was written.
+    outcome_token = models.CharField(max_length=32, null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    actor = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        indexes = [
+            # Both lanes' poll: due PENDING rows in run order.
+            models.Index(fields=["lane", "next_run_at", "id"], condition=PENDING,
+                         name="jobs_pending_due"),
+            # Fast lane key hold: is there an earlier PENDING row of this key?
+            models.Index(fields=["partition", "target", "key", "version", "id"],
+                         condition=PENDING & Q(key__isnull=False), name="jobs_pending_key_order"),
+            # Long lane reclaim of expired leases.
+            models.Index(fields=["lease_until"], condition=RUNNING, name="jobs_running_lease"),
+            models.Index(fields=["status", "closed_at"], name="jobs_status_closed"),
+        ]
+        constraints = [
+            # At most one RUNNING row per exclusive code, across every worker.
+            models.UniqueConstraint(fields=["running_code"],
+                                    condition=RUNNING & Q(running_code__isnull=False),
+                                    name="jobs_one_running_per_code"),
+        ]
+        permissions = [("manage_jobs", "Can manage jobs and schedules")]
+
+    def __str__(self) -> str:
+        return f"{self.target} #{self.id} ({self.status})"
+
+
+class Partition(models.Model):
+    """A fast-lane partition lease: one owner at a time, renewed by heartbeat."""
+
+    partition = models.SmallIntegerField(primary_key=True)
+    owner = models.CharField(max_length=200, null=True, blank=True, db_index=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    inflight_ids = models.JSONField(default=list, blank=True)
+    inflight_token = models.CharField(max_length=32, null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"partition {self.partition}"
+
+
+class Worker(models.Model):
+    """A live worker process; live while ``heartbeat_at`` is within the partition lease."""
+
+    worker_id = models.CharField(max_length=200, primary_key=True)
+    heartbeat_at = models.DateTimeField(db_index=True)
+    started_at = models.DateTimeField()
+    hostname = models.CharField(max_length=200, blank=True, default="")
+    pid = models.IntegerField(default=0)
+    lanes = models.CharField(max_length=50, blank=True, default="")
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class TargetPause(models.Model):
+    """A paused target, shared by every worker so one probe goes out per ``PROBE_S``."""
+
+    target = models.CharField(max_length=200, primary_key=True)
+    paused_until = models.DateTimeField()
+    reason = models.TextField(blank=True, default="")
+    paused_at = models.DateTimeField()
+    probe_by = models.CharField(max_length=200, null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.target} paused until {self.paused_until}"
+
+
+class VersionCounter(models.Model):
+    """Backs ``next_version(key)``: an atomic per-key counter."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    value = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"

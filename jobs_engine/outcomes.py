@@ -1,0 +1,166 @@
+"""The one outcome path shared by both lanes.
+
+``judge`` turns what a handler did into an ``Outcome`` (built only by its constructors,
+so no invalid combination exists); ``record`` writes outcomes through the store under
+the lane's guard, pauses targets, and emits the run log line and DEAD alerts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings
+from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.registry import Target
+from jobs_engine.signals import job_dead
+from jobs_engine.states import DeliveryMode
+
+logger = logging.getLogger("jobs_engine")
+
+
+class OutcomeKind(StrEnum):
+    SUCCEEDED = "ok"
+    RETRY = "retry"
+    UNREACHABLE = "paused"
+    DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: OutcomeKind
+    error: str = ""
+    run_at: datetime | None = None
+    pause_target: bool = False
+    spend_attempt: bool = False
+
+    @classmethod
+    def succeeded(cls) -> Outcome:
+        return cls(OutcomeKind.SUCCEEDED)
+
+    @classmethod
+    def retry(cls, run_at: datetime, error: str) -> Outcome:
+        return cls(OutcomeKind.RETRY, error, run_at=run_at, spend_attempt=True)
+
+    @classmethod
+    def unreachable(cls, error: str) -> Outcome:
+        return cls(OutcomeKind.UNREACHABLE, error, pause_target=True)
+
+    @classmethod
+    def dead(cls, error: str, *, pause_target: bool = False, spend_attempt: bool = False
+             ) -> Outcome:
+        return cls(OutcomeKind.DEAD, error, pause_target=pause_target, spend_attempt=spend_attempt)
+
+
+def describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def retry_delay_s(attempts_after: int, delays: Sequence[float]) -> float:
+    """Delay before run ``attempts_after + 1``: the list's n-th entry, its last one after."""
+    return float(delays[min(attempts_after, len(delays)) - 1])
+
+
+def judge(row: store.JobRow, target: Target | None, exc: BaseException | None, now: datetime,
+          settings: JobsSettings) -> Outcome:
+    """Map a handler's result to an outcome (SPEC §5 table)."""
+    if exc is None:
+        return Outcome.succeeded()
+    error = describe(exc)
+    if isinstance(exc, DeadNow):
+        return Outcome.dead(error)
+    mode = target.delivery_mode if target else DeliveryMode(row.delivery_mode)
+    if isinstance(exc, TargetOutcomeUnknown):
+        if mode is DeliveryMode.AT_MOST_ONCE:
+            return Outcome.dead(error, pause_target=not exc.target_up)
+        return Outcome.unreachable(error)
+    if isinstance(exc, TargetUnreachable):
+        return Outcome.unreachable(error)
+    max_attempts = (target.max_attempts if target and target.max_attempts else
+                    settings.MAX_ATTEMPTS)
+    delays = (target.retry_delays if target and target.retry_delays else settings.RETRY_DELAYS)
+    attempts_after = row.attempts + 1
+    if attempts_after >= max_attempts:
+        return Outcome.dead(f"{error} (attempt {attempts_after} of {max_attempts})",
+                            spend_attempt=True)
+    return Outcome.retry(now + timedelta(seconds=retry_delay_s(attempts_after, delays)), error)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    row: store.JobRow
+    outcome: Outcome
+    duration_ms: float
+
+
+def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
+           settings: JobsSettings) -> list[RunResult]:
+    """Write every outcome under ``guard``; returns the results whose write matched.
+
+    A write that matches no row means the holder lost the row (lease taken over, or an
+    admin changed it): the result is logged as ``lost`` and nothing else happens.
+    """
+    written: list[RunResult] = []
+    succeeded = [r for r in results if r.outcome.kind is OutcomeKind.SUCCEEDED]
+    if succeeded:
+        deleted = store.jobs_delete_succeeded(guard, [(r.row.id, r.row.attempts)
+                                                      for r in succeeded])
+        # A batch delete reports only a count; a short count is rare (a takeover raced us).
+        if deleted == len(succeeded):
+            written += succeeded
+        else:
+            remaining = {row_id for (row_id,) in _existing_ids([r.row.id for r in succeeded])}
+            written += [r for r in succeeded if r.row.id not in remaining]
+    for result in results:
+        kind, row, outcome = result.outcome.kind, result.row, result.outcome
+        if kind is OutcomeKind.SUCCEEDED:
+            continue
+        if kind is OutcomeKind.RETRY:
+            assert outcome.run_at is not None
+            ok = store.job_retry_later(guard, row.id, row.attempts, outcome.run_at, outcome.error,
+                                       now)
+        elif kind is OutcomeKind.UNREACHABLE:
+            ok = store.job_release_unchanged(guard, row.id, row.attempts, outcome.error, now)
+        else:
+            ok = store.job_close_dead(guard, row.id, row.attempts, outcome.error, now,
+                                      spend_attempt=outcome.spend_attempt)
+        if ok:
+            written.append(result)
+        if outcome.pause_target:
+            store.pause_set(row.target, now, settings.PROBE_S, outcome.error)
+    written_ids = {r.row.id for r in written}
+    for result in results:
+        row = result.row
+        ok = row.id in written_ids
+        attempts = row.attempts + (1 if result.outcome.spend_attempt and ok else 0)
+        logger.info(
+            "job run code=%s target=%s dedupe_key=%s attempts=%s duration_ms=%.1f result=%s",
+            row.code, row.target, row.dedupe_key, attempts, result.duration_ms,
+            result.outcome.kind.value if ok else "lost",
+        )
+        if ok and result.outcome.kind is OutcomeKind.DEAD:
+            announce_dead(row.id, row.target, row.code, row.dedupe_key, result.outcome.error)
+    return written
+
+
+def _existing_ids(ids: Sequence[int]) -> list[tuple[int]]:
+    from jobs_engine.models import Job
+
+    return [(i,) for i in Job.objects.filter(id__in=ids).values_list("id", flat=True)]
+
+
+def announce_dead(job_id: int, target: str, code: str, dedupe_key: str, reason: str) -> None:
+    """The DEAD alert: an error-level log line and the ``job_dead`` signal."""
+    logger.error("job dead alert id=%s target=%s code=%s dedupe_key=%s reason=%s",
+                 job_id, target, code, dedupe_key, reason)
+    job_dead.send(sender=None, job_id=job_id, target=target, code=code, reason=reason)
+
+
+def announce_closed(closed: Sequence[store.ClosedJob]) -> None:
+    for job in closed:
+        announce_dead(job.id, job.target, job.code, job.dedupe_key, job.reason)

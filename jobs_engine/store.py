@@ -1,0 +1,653 @@
+"""Every database operation of the queue, in one place.
+
+The worker loops, leases and outcome code never write SQL; they call these functions.
+Each function is one named state transition or read, with its guard in its name or
+docstring, so the hot SQL can be reviewed and indexed from this file alone. Functions
+take the decision time ``now`` from the caller: workers read it from the database
+(``db_now``) so skewed worker clocks stay correct, and tests pass a fixed value.
+
+Both PostgreSQL and SQLite run these statements; the few differences (row locks,
+NOTIFY, array parameters) are handled here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, connection, connections, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from jobs_engine.models import Job, Partition, TargetPause, VersionCounter, Worker
+from jobs_engine.states import DeliveryMode, JobStatus, Lane
+
+JOBS = Job._meta.db_table
+PARTITIONS = Partition._meta.db_table
+WORKERS = Worker._meta.db_table
+PAUSES = TargetPause._meta.db_table
+COUNTERS = VersionCounter._meta.db_table
+
+NOTIFY_CHANNEL = "jobs_engine"
+LAST_ERROR_LIMIT = 2000
+
+_PENDING = JobStatus.PENDING.value
+_RUNNING = JobStatus.RUNNING.value
+_DEAD = JobStatus.DEAD.value
+
+# Columns a handler needs, in the order ``_job_row`` reads them.
+_JOB_COLUMNS = (
+    "id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key, "
+    "actor, partition, delivery_mode, created_at"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobRow:
+    """A job row as the lanes read it."""
+
+    id: int
+    target: str
+    code: str
+    key: str | None
+    version: int
+    payload: Any
+    headers: dict[str, Any]
+    attempts: int
+    trace_id: str
+    dedupe_key: str
+    actor: dict[str, Any] | None
+    partition: int
+    delivery_mode: str
+    created_at: datetime | None
+    claim_token: str | None = None
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def is_postgres(using: str | None = None) -> bool:
+    return _conn(using).vendor == "postgresql"
+
+
+def _conn(using: str | None) -> Any:
+    return connection if using is None else connections[using]
+
+
+def _dt(value: datetime | None, using: str | None = None) -> Any:
+    """A datetime parameter in the form the backend stores (SQLite keeps naive UTC text)."""
+    return _conn(using).ops.adapt_datetimefield_value(value)
+
+
+def _read_dt(value: Any) -> datetime | None:
+    if value is None or isinstance(value, datetime):
+        return value
+    parsed = parse_datetime(value)
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def _read_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _in(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+    """``column IN (...)`` that is valid SQL for an empty list too."""
+    if not values:
+        return "1 = 0", []
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
+def _not_in(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
+    if not values:
+        return "1 = 1", []
+    return f"{column} NOT IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
+def _fetch(sql: str, params: Sequence[Any] = (), using: str | None = None
+           ) -> list[tuple[Any, ...]]:
+    with _conn(using).cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _execute(sql: str, params: Sequence[Any] = ()) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def _json_param(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _jsonb(placeholder: str = "%s", using: str | None = None) -> str:
+    return f"{placeholder}::jsonb" if is_postgres(using) else placeholder
+
+
+def _job_row(row: Sequence[Any], claim_token: str | None = None) -> JobRow:
+    return JobRow(
+        id=row[0], target=row[1], code=row[2], key=row[3], version=row[4],
+        payload=_read_json(row[5]), headers=_read_json(row[6]) or {}, attempts=row[7],
+        trace_id=row[8], dedupe_key=row[9], actor=_read_json(row[10]), partition=row[11],
+        delivery_mode=row[12], created_at=_read_dt(row[13]), claim_token=claim_token,
+    )
+
+
+def cut_error(text: str) -> str:
+    return text[:LAST_ERROR_LIMIT]
+
+
+def db_now() -> datetime:
+    """The database's clock: every lease and liveness decision is made on it."""
+    if is_postgres():
+        return _fetch("SELECT clock_timestamp()")[0][0]
+    return timezone.now()
+
+
+# -- enqueue ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    code: str
+    target: str
+    lane: str
+    key: str | None
+    partition: int
+    version: int
+    payload_json: str
+    headers: dict[str, Any]
+    dedupe_key: str
+    delivery_mode: str
+    trace_id: str
+    actor: dict[str, Any] | None
+    run_at: datetime | None
+
+
+def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = None
+                     ) -> dict[str, int]:
+    """Insert PENDING rows, skipping any whose dedupe_key exists; returns dedupe_key → id
+    of the rows inserted.
+
+    ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the caller's
+    transaction. On PostgreSQL the same statement queues a NOTIFY per lane, which is
+    delivered only when the caller's transaction commits.
+    """
+    if not rows:
+        return {}
+    postgres = is_postgres(using)
+    jsonb = _jsonb(using=using)
+    # PostgreSQL stamps rows with its own clock; SQLite shares the process clock anyway.
+    run_at = "COALESCE(%s::timestamptz, now())" if postgres else "%s"
+    stamp_sql = "now()" if postgres else "%s"
+    values_sql = (f"(%s, %s, %s, %s, %s, %s, {jsonb}, {jsonb}, %s, %s, %s, 0, {run_at}, '', %s, "
+                  f"{jsonb}, {stamp_sql}, {stamp_sql})")
+    params: list[Any] = []
+    stamp = _dt(now, using)
+    for row in rows:
+        params += [
+            row.code, row.target, row.lane, row.key, row.partition, row.version,
+            row.payload_json, _json_param(row.headers), row.dedupe_key, _PENDING,
+            row.delivery_mode, _dt(row.run_at if postgres else row.run_at or now, using),
+            row.trace_id, _json_param(row.actor) if row.actor is not None else None,
+        ]
+        if not postgres:
+            params += [stamp, stamp]
+    insert = (
+        f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
+        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
+        f"created_at, updated_at) VALUES {', '.join([values_sql] * len(rows))} "
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane"
+    )
+    if postgres:
+        sql = (f"WITH inserted AS ({insert}) "
+               f"SELECT id, dedupe_key, pg_notify('{NOTIFY_CHANNEL}', lane) FROM inserted")
+    else:
+        sql = insert
+    return {dedupe_key: job_id for job_id, dedupe_key, _ in _fetch(sql, params, using)}
+
+
+def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
+                           ) -> dict[str, int]:
+    clause, params = _in("dedupe_key", dedupe_keys)
+    return {key: job_id for job_id, key in _fetch(
+        f"SELECT id, dedupe_key FROM {JOBS} WHERE {clause}", params, using)}
+
+
+def version_counter_next(key: str, using: str | None = None) -> int:
+    """Atomically add one to the counter of ``key`` (row-locked until the caller commits)."""
+    return _fetch(
+        f"INSERT INTO {COUNTERS} (key, value) VALUES (%s, 1) ON CONFLICT (key) "
+        f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", [key], using,
+    )[0][0]
+
+
+# -- workers and partition leases ----------------------------------------------------------
+
+
+def partitions_seed(count: int) -> int:
+    """Create partition rows 0..count-1 that are missing; safe for many workers at once."""
+    values = ", ".join(["(%s, %s)"] * count)
+    params: list[Any] = []
+    for number in range(count):
+        params += [number, "[]"]
+    return _execute(
+        f"INSERT INTO {PARTITIONS} (partition, inflight_ids) VALUES {values} "
+        "ON CONFLICT (partition) DO NOTHING", params,
+    )
+
+
+def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str) -> None:
+    """Insert or refresh this worker's liveness row."""
+    _execute(
+        f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes) "
+        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
+        "DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
+        [worker_id, _dt(now), _dt(now), hostname, pid, lanes],
+    )
+
+
+def worker_delete(worker_id: str) -> None:
+    _execute(f"DELETE FROM {WORKERS} WHERE worker_id = %s", [worker_id])
+
+
+def workers_live(now: datetime, within_s: float) -> list[str]:
+    """Worker ids whose heartbeat is newer than ``within_s`` seconds."""
+    rows = _fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s ORDER BY worker_id",
+                  [_dt(now - timedelta(seconds=within_s))])
+    return [row[0] for row in rows]
+
+
+def workers_delete_stale(now: datetime, older_than_s: float) -> int:
+    return _execute(f"DELETE FROM {WORKERS} WHERE heartbeat_at < %s",
+                    [_dt(now - timedelta(seconds=older_than_s))])
+
+
+def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list[int]:
+    """Extend every lease ``owner`` still holds; a lease already expired is not renewed
+    (another worker may have taken it). Returns the partitions still held."""
+    rows = _fetch(
+        f"UPDATE {PARTITIONS} SET lease_until = %s WHERE owner = %s AND lease_until > %s "
+        "RETURNING partition",
+        [_dt(now + timedelta(seconds=lease_s)), owner, _dt(now)],
+    )
+    return sorted(row[0] for row in rows)
+
+
+def partition_owner_counts(now: datetime) -> dict[str, int]:
+    rows = _fetch(
+        f"SELECT owner, COUNT(*) FROM {PARTITIONS} WHERE owner IS NOT NULL AND lease_until > %s "
+        "GROUP BY owner", [_dt(now)],
+    )
+    return {owner: count for owner, count in rows}
+
+
+@dataclass(frozen=True)
+class TakenPartition:
+    partition: int
+    inflight_ids: list[int]
+    inflight_token: str | None
+
+
+def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenPartition | None:
+    """Take one partition that has no owner or an expired lease.
+
+    One conditional UPDATE per take: the guard repeats the "free" test, so two workers
+    racing for a partition cannot both win. Returns the previous in-flight mark so the
+    new owner can judge it.
+    """
+    free = _fetch(
+        f"SELECT partition FROM {PARTITIONS} WHERE owner IS NULL OR lease_until IS NULL "
+        "OR lease_until <= %s ORDER BY partition LIMIT 8", [_dt(now)],
+    )
+    for (number,) in free:
+        rows = _fetch(
+            f"UPDATE {PARTITIONS} SET owner = %s, lease_until = %s WHERE partition = %s "
+            "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %s) "
+            "RETURNING partition, inflight_ids, inflight_token",
+            [owner, _dt(now + timedelta(seconds=lease_s)), number, _dt(now)],
+        )
+        if rows:
+            number, ids, token = rows[0]
+            return TakenPartition(number, [int(i) for i in _read_json(ids) or []], token)
+    return None
+
+
+def partitions_release(owner: str, partitions: Sequence[int]) -> int:
+    """Give partitions back (only while ``owner`` still holds them)."""
+    clause, params = _in("partition", partitions)
+    return _execute(
+        f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s AND {clause}",
+        [owner, *params],
+    )
+
+
+def partitions_release_owned(owner: str) -> int:
+    return _execute(f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s",
+                    [owner])
+
+
+def partition_mark_inflight_if_leased(
+    partition: int, owner: str, now: datetime, job_ids: Sequence[int], token: str
+) -> bool:
+    """Record the rows about to be handed to the target, under a fresh token.
+
+    Guarded on a live lease held by ``owner``: False means the lease is gone and the
+    caller must send nothing more of this partition.
+    """
+    return _execute(
+        f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb()}, inflight_token = %s "
+        "WHERE partition = %s AND owner = %s AND lease_until > %s",
+        [_json_param(list(job_ids)), token, partition, owner, _dt(now)],
+    ) == 1
+
+
+def partition_clear_inflight(partition: int, token: str) -> None:
+    _execute(
+        f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb()}, inflight_token = NULL "
+        "WHERE partition = %s AND inflight_token = %s", ["[]", partition, token],
+    )
+
+
+@dataclass(frozen=True)
+class ClosedJob:
+    id: int
+    target: str
+    code: str
+    dedupe_key: str
+    reason: str
+
+
+def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[ClosedJob]:
+    """Judge the rows the previous owner had in flight.
+
+    A row whose outcome was written under that token is left alone. At-most-once rows
+    go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent again.
+    """
+    reason = "in flight when its partition was taken over"
+    closed: list[ClosedJob] = []
+    if taken.inflight_ids:
+        clause, params = _in("id", taken.inflight_ids)
+        rows = _fetch(
+            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s "
+            f"WHERE {clause} AND status = %s AND delivery_mode = %s "
+            "AND (outcome_token IS NULL OR outcome_token <> %s) "
+            "RETURNING id, target, code, dedupe_key",
+            [_DEAD, _dt(now), reason, _dt(now), *params, _PENDING,
+             DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
+        )
+        closed = [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in rows]
+    if taken.inflight_token:
+        partition_clear_inflight(taken.partition, taken.inflight_token)
+    return closed
+
+
+# -- fast lane --------------------------------------------------------------------------------
+
+
+def jobs_fast_due(
+    partitions: Sequence[int], now: datetime, limit: int, skip_targets: Sequence[str] = ()
+) -> list[JobRow]:
+    """Due PENDING fast-lane rows of the given partitions, each the head of its key.
+
+    A row is the head when no PENDING row of the same target and key comes before it in
+    (version, id) order, whatever that row's run time: a row waiting for a retry holds
+    the later versions of its key. DEAD rows hold nothing. Index-backed: the scan walks
+    ``jobs_pending_due`` in run order and each hold test is one probe of
+    ``jobs_pending_key_order``, so the cost does not grow with the backlog.
+    """
+    part_clause, part_params = _in("j.partition", partitions)
+    skip_clause, skip_params = _not_in("j.target", skip_targets)
+    sql = (
+        f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))} FROM {JOBS} j "
+        "WHERE j.lane = %s AND j.status = %s AND j.next_run_at <= %s "
+        f"AND {part_clause} AND {skip_clause} "
+        "AND (j.key IS NULL OR NOT EXISTS ("
+        f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
+        "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
+        "AND (e.version < j.version OR (e.version = j.version AND e.id < j.id)))) "
+        "ORDER BY j.next_run_at, j.id LIMIT %s"
+    )
+    params = [Lane.FAST.value, _PENDING, _dt(now), *part_params, *skip_params, _PENDING, limit]
+    return [_job_row(row) for row in _fetch(sql, params)]
+
+
+# -- long lane --------------------------------------------------------------------------------
+
+
+def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
+    """Deal with RUNNING rows whose lease expired (their worker died or stalled).
+
+    At-most-once rows whose handler had started go DEAD instead of running twice; every
+    other expired row goes back to PENDING for any worker to reserve. Returns the rows
+    closed and the number released.
+    """
+    reason = "lease expired while running; at-most-once rows are not run twice"
+    expired = _dt(now)
+    dead = _fetch(
+        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
+        "claim_token = NULL, claimed_by = NULL, lease_until = NULL, updated_at = %s "
+        "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
+        "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
+        [_DEAD, expired, reason, expired, _RUNNING, expired, DeliveryMode.AT_MOST_ONCE.value],
+    )
+    released = _execute(
+        f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
+        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s "
+        "WHERE status = %s AND lease_until <= %s",
+        [_PENDING, expired, _RUNNING, expired],
+    )
+    return [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in dead], released
+
+
+def jobs_long_reserve(
+    owner: str,
+    token: str,
+    now: datetime,
+    lease_s: float,
+    limit: int,
+    *,
+    exclusive_targets: Sequence[str] = (),
+    skip_targets: Sequence[str] = (),
+) -> list[JobRow]:
+    """Reserve up to ``limit`` due PENDING long-lane rows under ``token`` and a lease.
+
+    Rows of an exclusive target also take ``running_code = code``; the unique partial
+    index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
+    on any worker, and such a loser is simply not reserved.
+    """
+    lease_until = _dt(now + timedelta(seconds=lease_s))
+    skip_clause, skip_params = _not_in("j.target", skip_targets)
+    excl_clause, excl_params = _in("j.target", exclusive_targets)
+    lock = " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+    reserved: list[JobRow] = []
+    with transaction.atomic():
+        candidates = _fetch(
+            f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+            f"AND j.next_run_at <= %s AND {skip_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
+            f"SELECT 1 FROM {JOBS} r WHERE r.status = %s AND r.running_code = j.code)) "
+            f"ORDER BY j.next_run_at, j.id LIMIT %s{lock}",
+            [Lane.LONG.value, _PENDING, _dt(now), *skip_params, *excl_params, _RUNNING, limit],
+        )
+        exclusive = set(exclusive_targets)
+        plain_ids = [job_id for job_id, target, _ in candidates if target not in exclusive]
+        seen_codes: set[str] = set()
+        exclusive_rows = []
+        for job_id, target, code in candidates:
+            if target in exclusive and code not in seen_codes:
+                seen_codes.add(code)
+                exclusive_rows.append((job_id, code))
+        update = (
+            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
+            "running_code = %s, started_at = NULL, updated_at = %s WHERE {where} AND status = %s "
+            f"RETURNING {_JOB_COLUMNS}"
+        )
+        if plain_ids:
+            clause, params = _in("id", plain_ids)
+            rows = _fetch(update.format(where=clause),
+                          [_RUNNING, token, owner, lease_until, None, _dt(now), *params, _PENDING])
+            reserved += [_job_row(row, token) for row in rows]
+        for job_id, code in exclusive_rows:
+            try:
+                with transaction.atomic():
+                    rows = _fetch(update.format(where="id = %s"),
+                                  [_RUNNING, token, owner, lease_until, code, _dt(now), job_id,
+                                   _PENDING])
+            except IntegrityError:
+                continue  # another worker runs this code right now
+            reserved += [_job_row(row, token) for row in rows]
+    return sorted(reserved, key=lambda row: row.id)
+
+
+def job_long_mark_started(job_id: int, token: str, now: datetime) -> bool:
+    """Record that the handler is about to run; False when the claim was lost."""
+    return _execute(
+        f"UPDATE {JOBS} SET started_at = %s WHERE id = %s AND claim_token = %s AND status = %s",
+        [_dt(now), job_id, token, _RUNNING],
+    ) == 1
+
+
+def jobs_long_renew(tokens: Sequence[str], now: datetime, lease_s: float) -> set[str]:
+    """Extend the leases of RUNNING rows held under ``tokens``; returns the tokens renewed."""
+    clause, params = _in("claim_token", tokens)
+    rows = _fetch(
+        f"UPDATE {JOBS} SET lease_until = %s WHERE status = %s AND {clause} "
+        "AND lease_until > %s RETURNING claim_token",
+        [_dt(now + timedelta(seconds=lease_s)), _RUNNING, *params, _dt(now)],
+    )
+    return {row[0] for row in rows}
+
+
+# -- outcomes (both lanes) ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a holder's outcome write must still match.
+
+    Fast lane: the row is PENDING with the attempts it was read with, and the write is
+    stamped with the in-flight token. Long lane: the row is RUNNING under the claim token.
+    """
+
+    lane: Lane
+    token: str
+
+    def where(self, attempts: int) -> tuple[str, list[Any]]:
+        if self.lane is Lane.FAST:
+            return "status = %s AND attempts = %s", [_PENDING, attempts]
+        return "status = %s AND claim_token = %s", [_RUNNING, self.token]
+
+    def sets(self) -> tuple[str, list[Any]]:
+        if self.lane is Lane.FAST:
+            return "outcome_token = %s", [self.token]
+        return ("claim_token = NULL, claimed_by = NULL, lease_until = NULL, running_code = NULL, "
+                "started_at = NULL", [])
+
+
+def jobs_delete_succeeded(guard: Guard, rows: Sequence[tuple[int, int]]) -> int:
+    """Delete rows whose handler returned; ``rows`` are (id, attempts read)."""
+    if not rows:
+        return 0
+    if guard.lane is Lane.FAST:
+        # One statement for the whole send: the per-row attempts guard becomes a row-value IN.
+        pairs = ", ".join(["(%s, %s)"] * len(rows))
+        params = [value for pair in rows for value in pair]
+        return _execute(f"DELETE FROM {JOBS} WHERE status = %s AND (id, attempts) IN "
+                        f"(VALUES {pairs})", [_PENDING, *params])
+    clause, params = _in("id", [job_id for job_id, _ in rows])
+    return _execute(f"DELETE FROM {JOBS} WHERE {clause} AND status = %s AND claim_token = %s",
+                    [*params, _RUNNING, guard.token])
+
+
+def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,
+                    now: datetime) -> bool:
+    """An answered failure: one more attempt spent, run again at ``run_at``."""
+    where, where_params = guard.where(attempts)
+    sets, set_params = guard.sets()
+    return _execute(
+        f"UPDATE {JOBS} SET status = %s, attempts = attempts + 1, next_run_at = %s, "
+        f"last_error = %s, updated_at = %s, {sets} WHERE id = %s AND {where}",
+        [_PENDING, _dt(run_at), cut_error(error), _dt(now), *set_params, job_id, *where_params],
+    ) == 1
+
+
+def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str,
+                          now: datetime) -> bool:
+    """Not sent (target unreachable): no attempt spent. The long lane gives the claim back."""
+    where, where_params = guard.where(attempts)
+    sets, set_params = guard.sets()
+    return _execute(
+        f"UPDATE {JOBS} SET status = %s, last_error = %s, updated_at = %s, {sets} "
+        f"WHERE id = %s AND {where}",
+        [_PENDING, cut_error(error), _dt(now), *set_params, job_id, *where_params],
+    ) == 1
+
+
+def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: datetime, *,
+                   spend_attempt: bool) -> bool:
+    where, where_params = guard.where(attempts)
+    sets, set_params = guard.sets()
+    spent = "attempts = attempts + 1, " if spend_attempt else ""
+    return _execute(
+        f"UPDATE {JOBS} SET status = %s, {spent}closed_at = %s, last_error = %s, updated_at = %s, "
+        f"{sets} WHERE id = %s AND {where}",
+        [_DEAD, _dt(now), cut_error(error), _dt(now), *set_params, job_id, *where_params],
+    ) == 1
+
+
+# -- shared pause state ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseRow:
+    target: str
+    paused_until: datetime
+    reason: str
+
+
+def pauses_all() -> list[PauseRow]:
+    return [PauseRow(t, _read_dt(u), r) for t, u, r in  # type: ignore[arg-type]
+            _fetch(f"SELECT target, paused_until, reason FROM {PAUSES}")]
+
+
+def pause_set(target: str, now: datetime, probe_s: float, reason: str) -> None:
+    """Pause ``target`` until ``now + probe_s`` (insert or extend)."""
+    until = _dt(now + timedelta(seconds=probe_s))
+    _execute(
+        f"INSERT INTO {PAUSES} (target, paused_until, reason, paused_at, probe_by) "
+        "VALUES (%s, %s, %s, %s, NULL) ON CONFLICT (target) DO UPDATE SET "
+        "paused_until = excluded.paused_until, reason = excluded.reason, probe_by = NULL",
+        [target, until, cut_error(reason), _dt(now)],
+    )
+
+
+def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) -> bool:
+    """Win the right to send one probe row of a paused target whose pause ran out.
+
+    The guard on the old ``paused_until`` makes the probe cluster-wide: one worker wins
+    per ``PROBE_S``, the rest keep skipping the target.
+    """
+    return _execute(
+        f"UPDATE {PAUSES} SET paused_until = %s, probe_by = %s "
+        "WHERE target = %s AND paused_until <= %s",
+        [_dt(now + timedelta(seconds=probe_s)), owner, target, _dt(now)],
+    ) == 1
+
+
+def pause_clear(target: str) -> int:
+    return _execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])
+
+
+# -- reads for tests, admin and benchmarks -------------------------------------------------
+
+
+def jobs_count(statuses: Iterable[str] | None = None) -> int:
+    if statuses is None:
+        return _fetch(f"SELECT COUNT(*) FROM {JOBS}")[0][0]
+    clause, params = _in("status", list(statuses))
+    return _fetch(f"SELECT COUNT(*) FROM {JOBS} WHERE {clause}", params)[0][0]

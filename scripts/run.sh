@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Zero-setup demo on SQLite (var/jobs_engine.sqlite3): venv, migrate, admin
+# user, web server + workers in the background, a few demo jobs.
+# Ctrl-C (or SIGTERM) stops both background processes cleanly.
+#
+#   scripts/run.sh            PORT=8001 scripts/run.sh
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+unset DATABASE_URL   # the demo is always the embedded SQLite database
+PORT="${PORT:-8000}"
+
+PY="$(bash "$ROOT/scripts/bootstrap.sh" | tail -n1)"
+"$PY" manage.py migrate --noinput
+"$PY" manage.py demo_admin
+
+PIDS=()
+cleanup() {
+    trap - INT TERM EXIT
+    ((${#PIDS[@]})) || return 0
+    echo "run.sh: stopping web server and workers..." >&2
+    kill -TERM "${PIDS[@]}" 2>/dev/null || true
+    # Give workers time to finish/release their current job, then insist.
+    local _ pid alive
+    for _ in $(seq 1 50); do
+        alive=0
+        for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+        ((alive)) || break
+        sleep 0.2
+    done
+    kill -KILL "${PIDS[@]}" 2>/dev/null || true
+    wait "${PIDS[@]}" 2>/dev/null || true
+}
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+trap cleanup EXIT   # also on errors (set -e), e.g. enqueue_demo failing
+
+# --noreload: one process per child, so the kill above reaches the server
+# itself (the autoreloader would add a grandchild), and the server does not
+# restart on edits while the workers keep running old code.
+"$PY" manage.py runserver --noreload "127.0.0.1:$PORT" &
+PIDS+=($!)
+"$PY" manage.py run_workers &
+PIDS+=($!)
+
+"$PY" manage.py enqueue_demo
+
+cat <<EOF
+
+  jobs-engine demo is running (SQLite: var/jobs_engine.sqlite3)
+  Admin:  http://127.0.0.1:$PORT/admin/   (credentials printed above)
+  Ctrl-C to stop.
+
+EOF
+
+# Wait for Ctrl-C, or for either child to die (then stop the other too).
+rc=0
+wait -n "${PIDS[@]}" || rc=$?
+echo "run.sh: a background process exited (status $rc); shutting down" >&2
+exit "$rc"

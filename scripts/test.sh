@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The whole test suite, from nothing: venv, PostgreSQL, lint, tests on
+# PostgreSQL, then the unit/db tests again on SQLite.
+#
+#   scripts/test.sh [pytest args...]     (args go to both pytest runs)
+#   KEEP_PG=1 scripts/test.sh            keep a postgres we started running
+#
+# Every step runs even if an earlier one failed, so one run shows all
+# breakage; the exit status is non-zero if any step failed. pytest's exit
+# code 5 ("no tests collected") is a failure too: a suite that silently
+# collects nothing must not pass.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+PY="$(bash "$ROOT/scripts/bootstrap.sh" | tail -n1)" || { echo "FAIL  bootstrap" >&2; exit 1; }
+
+# Start postgres unless it already runs; stop it at the end only if we
+# started it, so a developer's running cluster is left alone.
+if ! bash "$ROOT/scripts/postgres.sh" status >/dev/null 2>&1 && [[ "${KEEP_PG:-0}" != 1 ]]; then
+    trap 'bash "$ROOT/scripts/postgres.sh" stop >/dev/null || true' EXIT
+fi
+# Ctrl-C: stop here (pytest exits 2 on SIGINT, which would not stop us).
+trap 'echo "test.sh: interrupted" >&2; exit 130' INT TERM
+PG_URL="$(bash "$ROOT/scripts/postgres.sh" start | tail -n1)" || {
+    PG_URL=""
+    echo "test.sh: could not start PostgreSQL; its tests count as failed" >&2
+}
+
+declare -a NAMES=() CODES=()
+step() {  # step NAME CMD...: run, record the exit code, never abort
+    local name="$1" rc=0
+    shift
+    echo "=== $name"
+    "$@" || rc=$?
+    NAMES+=("$name")
+    CODES+=("$rc")
+}
+
+step "ruff" "$PY" -m ruff check .
+
+if [[ -n "$PG_URL" ]]; then
+    step "pytest (postgres)" env DATABASE_URL="$PG_URL" \
+        "$PY" -m pytest -p no:cacheprovider "$@"
+else
+    NAMES+=("pytest (postgres)"); CODES+=("postgres did not start")
+fi
+
+step "pytest (sqlite)" env -u DATABASE_URL \
+    "$PY" -m pytest -p no:cacheprovider tests/unit tests/db "$@"
+
+echo "=== summary"
+failed=0
+for i in "${!NAMES[@]}"; do
+    rc="${CODES[$i]}"
+    if [[ "$rc" == 0 ]]; then
+        echo "PASS  ${NAMES[$i]}"
+        continue
+    fi
+    failed=1
+    case "$rc" in
+        5) why="exit 5: no tests collected" ;;
+        [0-9]*) why="exit $rc" ;;
+        *) why="$rc" ;;
+    esac
+    echo "FAIL  ${NAMES[$i]} ($why)"
+done
+exit "$failed"
