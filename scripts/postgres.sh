@@ -11,6 +11,8 @@
 # `start` is idempotent and prints the DATABASE_URL as its last line.
 set -euo pipefail
 
+# runuser lives in /usr/sbin, which a minimal (CI) PATH may lack.
+PATH="$PATH:/usr/sbin:/sbin"
 HOME="${HOME:-$(cd ~ && pwd)}"
 PGDIR="$(realpath -m "${JOBS_PG_DIR:-$HOME/.cache/jobs-engine/pg}")"
 PORT="${JOBS_PG_PORT:-54329}"

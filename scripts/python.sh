@@ -26,7 +26,8 @@ _jobs_find_python() {
     if command -v pyenv >/dev/null 2>&1; then
         root="$(pyenv root 2>/dev/null || true)"
     fi
-    root="${root:-${PYENV_ROOT:-$HOME/.pyenv}}"
+    # HOME may be unset (CI); ~ then falls back to the passwd entry.
+    root="${root:-${PYENV_ROOT:-${HOME:-$(cd ~ 2>/dev/null && pwd)}/.pyenv}}"
     if [[ -d "$root/versions" ]]; then
         while IFS= read -r c; do
             candidates+=("$c")

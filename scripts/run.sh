@@ -16,6 +16,7 @@ PY="$(bash "$ROOT/scripts/bootstrap.sh" | tail -n1)"
 "$PY" manage.py demo_admin
 
 PIDS=()
+# shellcheck disable=SC2317  # only reached through the traps below
 cleanup() {
     trap - INT TERM EXIT
     ((${#PIDS[@]})) || return 0
