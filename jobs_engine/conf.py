@@ -44,6 +44,15 @@ class JobsSettings:
     def problems(self) -> list[tuple[str, str]]:
         """(field, problem) for every value that cannot work."""
         found: list[tuple[str, str]] = []
+        for f in dataclasses.fields(self):  # a non-number would crash the checks below
+            value = getattr(self, f.name)
+            items = value if f.type.startswith("tuple") and isinstance(value, tuple) else [value]
+            kind = int if f.type == "int" else int | float
+            if f.type in {"int", "float", "tuple[float, ...]"} and any(
+                    isinstance(v, bool) or not isinstance(v, kind) for v in items):
+                found.append((f.name, f"must be a {f.type} number, got {value!r}"))
+        if found:
+            return found
         positive = (
             "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "MAX_ATTEMPTS", "POLL_S",
             "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S", "LONG_HEARTBEAT_S",
@@ -79,10 +88,9 @@ def _parse_env(name: str, raw: str, default: Any) -> Any:
             if raw.strip().lower() in {"off", "false", "0", "no"}:
                 return False
             raise ValueError("expected on or off")
-        if isinstance(default, int):
-            return int(raw)
-        if isinstance(default, float):
-            return float(raw)
+        if isinstance(default, int | float):  # a float field may have an int default (30)
+            return float(raw) if JobsSettings.__dataclass_fields__[name].type == "float" \
+                else int(raw)
     except ValueError as exc:
         raise InvalidSettings(f"JOBS_{name}={raw!r} from the environment: {exc}") from exc
     raise InvalidSettings(f"JOBS_{name} cannot be set from the environment")
@@ -103,6 +111,8 @@ def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, st
         if raw is not None:
             given[name] = _parse_env(name, raw, getattr(defaults, name))
     for name in _NUMBER_LISTS & set(given):
+        if not isinstance(given[name], list | tuple):
+            raise InvalidSettings(f"JOBS[{name!r}] must be a list of seconds, got {given[name]!r}")
         given[name] = tuple(given[name])
     if isinstance(given.get("WORKERS"), str):
         given["WORKERS"] = _parse_env("WORKERS", given["WORKERS"], True)

@@ -81,7 +81,8 @@ def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, sto
         raise InvalidJob("version", f"must be an integer, got {version!r}")
     if version is not None and version < 0:
         raise InvalidJob("version", f"must not be negative, got {version}")
-    headers = item.get("headers") or {}
+    headers = item.get("headers")
+    headers = {} if headers is None else headers
     if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
         raise InvalidJob("headers", "must be a mapping with string keys")
     try:

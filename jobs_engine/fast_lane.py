@@ -103,11 +103,13 @@ class FastLane:
         rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, sorted(gate.skip))
         rows = self._limit_probes(rows, gate.probes)
         handed = 0
+        paused: set[str] = set()  # shared by every partition of this poll
         for partition, group in groupby(sorted(rows, key=lambda r: (r.partition, r.id)),
                                         key=lambda r: r.partition):
             self.leases.busy.add(partition)
             try:
-                handed += self._send_partition(partition, list(group), gate.probes, clock)
+                handed += self._send_partition(partition, list(group), gate.probes, clock,
+                                               paused)
             finally:
                 self.leases.busy.discard(partition)
         return handed
@@ -126,7 +128,7 @@ class FastLane:
         return kept
 
     def _send_partition(self, partition: int, rows: list[store.JobRow], probes: frozenset[str],
-                        clock: Callable[[], datetime]) -> int:
+                        clock: Callable[[], datetime], paused: set[str]) -> int:
         targets: dict[str, Target | None] = {}
         for row in rows:
             try:
@@ -136,7 +138,6 @@ class FastLane:
         token = uuid.uuid4().hex
         inflight: list[int] = []
         results: list[RunResult] = []
-        paused: set[str] = set()
         for send in sends_of(rows, targets):
             target = targets[send[0].target]
             if send[0].target in paused:
@@ -151,8 +152,9 @@ class FastLane:
                 self.leases.drop(partition)
                 inflight = inflight[: -len(send)]
                 break
-            results += self._send(target, send, clock)
-            for result in results[-len(send):]:
+            sent = self._send(target, send, clock)
+            results += sent
+            for result in sent:
                 if result.outcome.pause_target:
                     paused.add(result.row.target)
         if results:
@@ -173,8 +175,13 @@ class FastLane:
         elif target.batch_handler is not None:
             errors = call_batch_handler(target, send)
         else:
-            errors = [call_handler(target, row) for row in send]
-        duration_ms = (self._monotonic() - started) * 1000 / len(send)
+            errors = []
+            for row in send:
+                errors.append(call_handler(target, row))
+                if judge(row, target, errors[-1], clock(), self.settings).pause_target:
+                    break  # the target is down: the rest of this send is not handed
+        duration_ms = (self._monotonic() - started) * 1000 / len(errors)
         now = clock()
+        # Rows after a pausing outcome were not handed: no result, they stay as they are.
         return [RunResult(row, judge(row, target, error, now, self.settings), duration_ms)
-                for row, error in zip(send, errors, strict=True)]
+                for row, error in zip(send[: len(errors)], errors, strict=True)]

@@ -93,12 +93,14 @@ def register_target(
         choices = [v.value for v in DeliveryMode]
         raise InvalidJob("delivery_mode",
                          f"must be one of {choices}, got {delivery_mode!r}") from None
-    if max_attempts is not None and (not isinstance(max_attempts, int) or max_attempts < 1):
+    if max_attempts is not None and (isinstance(max_attempts, bool)
+                                     or not isinstance(max_attempts, int) or max_attempts < 1):
         raise InvalidJob("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
     delays: tuple[float, ...] | None = None
     if retry_delays is not None:
         delays = tuple(retry_delays)
-        if not delays or any(not isinstance(d, int | float) or d < 0 for d in delays):
+        if not delays or any(isinstance(d, bool) or not isinstance(d, int | float) or d < 0
+                             for d in delays):
             raise InvalidJob("retry_delays",
                              f"must be a non-empty list of seconds >= 0, got {retry_delays!r}")
     target = Target(

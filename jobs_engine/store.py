@@ -83,9 +83,10 @@ def _dt(value: datetime | None, using: str | None = None) -> Any:
 
 
 def _read_dt(value: Any) -> datetime | None:
-    if value is None or isinstance(value, datetime):
-        return value
-    parsed = parse_datetime(value)
+    if value is None:
+        return None
+    # SQLite's raw cursor gives naive UTC datetimes (or text); make them aware.
+    parsed = value if isinstance(value, datetime) else parse_datetime(value)
     if parsed is not None and parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed

@@ -1,0 +1,614 @@
+"""SPEC §4 (enqueue), row by row, on PostgreSQL and SQLite.
+
+Rows join the caller's transaction: a rolled-back business change has no jobs and starts
+no lossy send, a duplicate never aborts the caller's transaction, bad input writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection, connections, transaction
+from django.http import HttpRequest, HttpResponse
+from django.test import RequestFactory
+from django.test.utils import CaptureQueriesContext
+
+from jobs_engine import (
+    EnqueueResult,
+    InvalidJob,
+    UnknownTarget,
+    enqueue,
+    enqueue_many,
+    enqueueing,
+    next_version,
+    store,
+)
+from jobs_engine.conf import JobsSettings
+from jobs_engine.context import RequestContextMiddleware, job_context
+from jobs_engine.enqueueing import partition_for
+from jobs_engine.models import Job, VersionCounter, Worker
+from jobs_engine.registry import Job as HandlerJob
+from jobs_engine.registry import Target
+from tests.conftest import is_postgres
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = "/work/venv312/bin/python"
+HEX32 = re.compile(r"^[0-9a-f]{32}$")
+TRANSACTIONAL = pytest.mark.django_db(transaction=True)
+
+Targets = Callable[..., Target]
+
+
+class Boom(Exception):
+    """Raised by a test to roll back its business transaction."""
+
+
+def drain_lossy_pool() -> None:
+    """Wait for every lossy send handed to the pool so far.
+
+    Shutting the pool down (and letting the next hand-off make a new one) waits for every
+    submitted send, whichever of the pool's threads runs it; no blind sleep.
+    """
+    pool = enqueueing._lossy_pool
+    if pool is not None:
+        pool.shutdown(wait=True)
+        enqueueing._lossy_pool = None
+
+
+@pytest.fixture(autouse=True)
+def _no_lossy_leftovers() -> Iterator[None]:
+    """Sends of one test must never be counted in the next."""
+    drain_lossy_pool()
+    yield
+    drain_lossy_pool()
+
+
+def pg_connect(**kwargs: Any) -> psycopg.Connection:
+    """A second, independent psycopg connection to the test database."""
+    params = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    return psycopg.connect(**params, **kwargs)
+
+
+def count_jobs() -> int:
+    return Job.objects.count()
+
+
+@pytest.fixture
+def fast(targets: Targets) -> Target:
+    return targets("t:fast")
+
+
+@pytest.fixture
+def lossy(targets: Targets) -> Target:
+    return targets("t:lossy", lossy=True)
+
+
+# -- transaction: rollback and commit ------------------------------------------------------
+
+
+@TRANSACTIONAL
+def test_rollback_leaves_no_rows_and_no_lossy_send(fast: Target, lossy: Target) -> None:
+    """A rolled-back business transaction has no jobs and starts no lossy send."""
+    with pytest.raises(Boom), transaction.atomic():
+        enqueue("t:fast", {"n": 1}, dedupe_key="rb:1")
+        enqueue_many([{"target": "t:fast", "payload": 2, "dedupe_key": "rb:2"},
+                      {"target": "t:lossy", "payload": 3, "dedupe_key": "rb:3"}])
+        enqueue("t:lossy", {"n": 4}, dedupe_key="rb:4")
+        assert Job.objects.count() == 2  # really written inside the block
+        raise Boom
+    drain_lossy_pool()
+    assert count_jobs() == 0
+    assert lossy.extra["calls"] == []
+
+
+@TRANSACTIONAL
+def test_commit_keeps_rows_and_sends_lossy_once_after_commit(fast: Target, lossy: Target
+                                                             ) -> None:
+    """Lossy hand-off waits for the commit: nothing is sent while the block is open."""
+    with transaction.atomic():
+        durable = enqueue("t:fast", {"n": 1}, dedupe_key="ok:1")
+        handed = enqueue("t:lossy", {"n": 2}, key="k", dedupe_key="ok:2")
+        drain_lossy_pool()
+        assert lossy.extra["calls"] == [], "lossy send started before commit"
+    drain_lossy_pool()
+    assert durable == EnqueueResult(inserted=True, job_id=durable.job_id, lossy=False)
+    assert handed == EnqueueResult(inserted=False, job_id=None, lossy=True)
+    assert list(Job.objects.values_list("dedupe_key", flat=True)) == ["ok:1"]
+    calls: list[HandlerJob] = lossy.extra["calls"]
+    assert len(calls) == 1
+    assert (calls[0].payload, calls[0].key, calls[0].dedupe_key) == ({"n": 2}, "k", "ok:2")
+
+
+@TRANSACTIONAL
+def test_lossy_send_failure_is_dropped_after_one_try(targets: Targets) -> None:
+    """One try, dropped on failure: the failing handler runs once and nothing is stored."""
+    tries: list[HandlerJob] = []
+
+    def failing(job: HandlerJob) -> None:
+        tries.append(job)
+        raise RuntimeError("down")
+
+    targets("t:lossy-fail", failing, lossy=True)
+    with transaction.atomic():
+        enqueue("t:lossy-fail", {"n": 1})
+    drain_lossy_pool()
+    assert len(tries) == 1
+    assert count_jobs() == 0
+
+
+@TRANSACTIONAL
+def test_outside_a_transaction_rows_commit_at_once(fast: Target) -> None:
+    """Autocommit: another connection sees the row as soon as enqueue returns."""
+    assert connection.get_autocommit() and not connection.in_atomic_block
+    result = enqueue("t:fast", {"n": 1}, dedupe_key="auto:1")
+    if is_postgres():
+        with pg_connect() as other:
+            rows = other.execute(f"SELECT id FROM {store.JOBS} WHERE dedupe_key = %s",
+                                 ["auto:1"]).fetchall()
+        assert rows == [(result.job_id,)]
+    else:
+        seen: list[int] = []
+
+        def read() -> None:
+            try:
+                seen.extend(Job.objects.filter(dedupe_key="auto:1").values_list("id", flat=True))
+            finally:
+                connections.close_all()
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(10)
+        assert seen == [result.job_id]
+    assert Job.objects.get(dedupe_key="auto:1").id == result.job_id
+
+
+# -- dedupe -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_same_dedupe_key_in_one_call_first_wins(fast: Target) -> None:
+    results = enqueue_many([
+        {"target": "t:fast", "payload": "first", "dedupe_key": "d:1"},
+        {"target": "t:fast", "payload": "second", "dedupe_key": "d:1"},
+    ])
+    assert [r.inserted for r in results] == [True, False]
+    assert results[0].job_id == results[1].job_id is not None
+    assert list(Job.objects.values_list("payload", flat=True)) == ["first"]
+
+
+@TRANSACTIONAL
+def test_same_dedupe_key_in_one_transaction(fast: Target) -> None:
+    with transaction.atomic():
+        first = enqueue("t:fast", "first", dedupe_key="d:2")
+        again = enqueue("t:fast", "second", dedupe_key="d:2")
+    assert (first.inserted, again.inserted) == (True, False)
+    assert again.job_id == first.job_id
+    assert list(Job.objects.values_list("payload", flat=True)) == ["first"]
+
+
+@TRANSACTIONAL
+def test_same_dedupe_key_in_a_later_transaction(fast: Target) -> None:
+    with transaction.atomic():
+        first = enqueue("t:fast", "first", dedupe_key="d:3")
+    with transaction.atomic():
+        again = enqueue("t:fast", "second", dedupe_key="d:3")
+        more = enqueue("t:fast", "other", dedupe_key="d:4")
+    assert (first.inserted, again.inserted, more.inserted) == (True, False, True)
+    assert again.job_id == first.job_id
+    assert dict(Job.objects.values_list("dedupe_key", "payload")) == {"d:3": "first",
+                                                                     "d:4": "other"}
+
+
+@TRANSACTIONAL
+def test_duplicate_never_aborts_the_callers_transaction(fast: Target) -> None:
+    """After a duplicate, the same transaction keeps working and commits every other write.
+
+    On PostgreSQL a unique violation would abort the transaction ("current transaction is
+    aborted"); ON CONFLICT DO NOTHING must not.
+    """
+    with transaction.atomic():
+        enqueue("t:fast", "x", dedupe_key="dup:x")
+        duplicate = enqueue("t:fast", "x again", dedupe_key="dup:x")
+        enqueue("t:fast", "y", dedupe_key="dup:y")
+        VersionCounter.objects.create(key="written-after-duplicate", value=7)
+        many = enqueue_many([{"target": "t:fast", "payload": "x", "dedupe_key": "dup:x"},
+                             {"target": "t:fast", "payload": "z", "dedupe_key": "dup:z"}])
+    assert duplicate.inserted is False
+    assert [r.inserted for r in many] == [False, True]
+    assert dict(Job.objects.values_list("dedupe_key", "payload")) == {
+        "dup:x": "x", "dup:y": "y", "dup:z": "z"}
+    assert VersionCounter.objects.get(key="written-after-duplicate").value == 7
+
+
+@pytest.mark.django_db
+def test_omitted_dedupe_key_is_random(fast: Target) -> None:
+    first = enqueue("t:fast", {"same": 1})
+    second = enqueue("t:fast", {"same": 1})
+    assert first.inserted and second.inserted and first.job_id != second.job_id
+    keys = list(Job.objects.values_list("dedupe_key", flat=True))
+    assert len(keys) == 2 and len(set(keys)) == 2
+    assert all(HEX32.match(k) for k in keys), keys
+
+
+@pytest.mark.django_db
+def test_job_id_is_the_row_id_and_the_existing_id_for_a_duplicate(fast: Target) -> None:
+    first = enqueue("t:fast", 1, dedupe_key="id:1")
+    row = Job.objects.get(dedupe_key="id:1")
+    assert first.job_id == row.id
+    assert enqueue("t:fast", 2, dedupe_key="id:1").job_id == row.id
+
+
+# -- rejected input writes nothing ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_unknown_target_raises_before_any_write(fast: Target) -> None:
+    with pytest.raises(UnknownTarget) as info:
+        enqueue("t:nope", {})
+    assert info.value.name == "t:nope"
+    with pytest.raises(UnknownTarget):
+        enqueue_many([{"target": "t:fast", "payload": 1, "dedupe_key": "u:1"},
+                      {"target": "t:fast", "payload": 2, "dedupe_key": "u:2"},
+                      {"target": "t:nope", "payload": 3}])
+    assert count_jobs() == 0
+
+
+class NotJson:
+    pass
+
+
+BAD_ITEMS: list[tuple[str, dict[str, Any], str]] = [
+    ("payload-set", {"payload": {1, 2}}, "payload"),
+    ("payload-object", {"payload": {"o": NotJson()}}, "payload"),
+    ("payload-nan", {"payload": {"v": float("nan")}}, "payload"),
+    ("payload-too-big", {"payload": "x" * 200}, "payload"),
+    ("key-too-long", {"key": "k" * 256}, "key"),
+    ("code-too-long", {"code": "c" * 201}, "code"),
+    ("version-negative", {"version": -1}, "version"),
+    ("version-str", {"version": "3"}, "version"),
+    ("version-float", {"version": 1.5}, "version"),
+    ("version-bool", {"version": True}, "version"),
+    ("run-at-naive", {"run_at": datetime(2030, 1, 1, 12, 0)}, "run_at"),
+    ("run-at-not-a-date", {"run_at": "2030-01-01T00:00:00Z"}, "run_at"),
+    ("headers-list", {"headers": ["a", "b"]}, "headers"),
+    ("headers-str", {"headers": "event_id=1"}, "headers"),
+    ("headers-int-keys", {"headers": {1: "x"}}, "headers"),
+]
+
+
+@pytest.fixture
+def small_payloads(jobs_settings: Callable[..., JobsSettings]) -> JobsSettings:
+    """MAX_PAYLOAD_BYTES=100 so "payload-too-big" is over it and the others are not."""
+    return jobs_settings(MAX_PAYLOAD_BYTES=100)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("bad", "field"), [(b, f) for _, b, f in BAD_ITEMS],
+                         ids=[name for name, _, _ in BAD_ITEMS])
+def test_invalid_job_names_the_field_and_writes_nothing(
+        fast: Target, small_payloads: JobsSettings, bad: dict[str, Any], field: str) -> None:
+    with pytest.raises(InvalidJob) as alone:
+        enqueue_many([{"target": "t:fast", "payload": {"ok": 1}, **bad}])
+    assert alone.value.field == field
+    assert field in str(alone.value)
+    # The bad item second: the first, valid one must not be written either.
+    with pytest.raises(InvalidJob) as second:
+        enqueue_many([{"target": "t:fast", "payload": {"ok": 1}, "dedupe_key": "good:1"},
+                      {"target": "t:fast", "payload": {"ok": 2}, **bad}])
+    assert second.value.field == field
+    assert count_jobs() == 0
+
+
+@pytest.mark.django_db
+def test_payload_limit_is_the_setting(fast: Target, small_payloads: JobsSettings) -> None:
+    """At the limit passes, one byte over fails: the setting, not a constant, decides."""
+    at_limit = "x" * (small_payloads.MAX_PAYLOAD_BYTES - 2)  # + 2 quotes in JSON
+    assert enqueue("t:fast", at_limit).inserted
+    with pytest.raises(InvalidJob) as info:
+        enqueue("t:fast", at_limit + "x")
+    assert info.value.field == "payload"
+    assert count_jobs() == 1
+
+
+@pytest.mark.django_db
+def test_key_and_code_at_their_length_are_accepted(fast: Target) -> None:
+    enqueue("t:fast", 1, key="k" * 255, code="c" * 200, version=0)
+    row = Job.objects.get()
+    assert (len(row.key), len(row.code), row.version) == (255, 200, 0)
+
+
+# -- partition ----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_partition_comes_from_key_or_dedupe_key(
+        fast: Target, jobs_settings: Callable[..., JobsSettings]) -> None:
+    jobs_settings(PARTITIONS=8)
+    for i in range(40):
+        enqueue("t:fast", i, dedupe_key=f"p:{i}")
+    for i in range(5):
+        enqueue("t:fast", i, key="order-42", dedupe_key=f"keyed:{i}")
+    rows = list(Job.objects.values_list("key", "dedupe_key", "partition"))
+    for key, dedupe_key, partition in rows:
+        assert partition == partition_for(key, dedupe_key, 8)
+        assert 0 <= partition < 8
+    unkeyed = {p for key, _, p in rows if key is None}
+    assert len(unkeyed) > 1, "dedupe keys should spread over partitions"
+    assert {p for key, _, p in rows if key == "order-42"} == {partition_for("order-42", "", 8)}
+
+
+def test_partition_is_stable_across_processes() -> None:
+    """Two interpreters with different hash seeds agree with this one on every partition."""
+    keys = [f"order-{i}" for i in range(50)] + ["", "ü-ñ", "x" * 255]
+    script = (
+        "import json, os, sys, django\n"
+        "os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings')\n"
+        "django.setup()\n"
+        "from jobs_engine.enqueueing import partition_for\n"
+        "keys = json.loads(sys.stdin.read())\n"
+        "print(json.dumps({'hash': hash('order-1'),\n"
+        "                  'parts': [partition_for(k or None, 'dk:' + k, 64) for k in keys]}))\n"
+    )
+    outputs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([PYTHON, "-c", script], input=json.dumps(keys), cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+        outputs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert outputs[0]["hash"] != outputs[1]["hash"], "the seeds must really differ"
+    here = [partition_for(k or None, "dk:" + k, 64) for k in keys]
+    assert outputs[0]["parts"] == outputs[1]["parts"] == here
+    assert all(0 <= p < 64 for p in here)
+
+
+# -- one statement --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_enqueue_many_is_one_insert(fast: Target) -> None:
+    items = [{"target": "t:fast", "payload": i, "key": f"k{i % 3}", "version": i}
+             for i in range(50)]
+    with CaptureQueriesContext(connection) as captured:
+        results = enqueue_many(items)
+    inserts = [q["sql"] for q in captured.captured_queries if "INSERT" in q["sql"].upper()]
+    assert len(inserts) == 1, inserts
+    assert all(r.inserted for r in results)
+    assert count_jobs() == 50
+
+
+# -- next_version ---------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_next_version_counts_per_key() -> None:
+    assert [next_version("a") for _ in range(3)] == [1, 2, 3]
+    assert next_version("b") == 1
+    assert next_version("a") == 4
+
+
+@TRANSACTIONAL
+def test_next_version_rolls_back_with_the_caller() -> None:
+    assert next_version("order-1") == 1
+    with pytest.raises(Boom), transaction.atomic():
+        assert next_version("order-1") == 2
+        assert next_version("fresh") == 1
+        raise Boom
+    assert next_version("order-1") == 2
+    assert not VersionCounter.objects.filter(key="fresh").exists()
+
+
+@TRANSACTIONAL
+def test_next_version_is_distinct_under_concurrency() -> None:
+    """Threads with their own connections, each a transaction that holds its counter row
+    for a moment: every value is handed out once."""
+    threads_n, per_thread = 6, 5
+    start = threading.Barrier(threads_n)
+    got: list[int] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    # SQLite's in-memory test database cannot queue writers (its shared cache fails at
+    # once instead of waiting); serialise them as SQLite's single writer lock would.
+    writer = threading.Lock() if not is_postgres() else None
+
+    def work() -> None:
+        try:
+            start.wait(10)
+            for _ in range(per_thread):
+                if writer:
+                    writer.acquire()
+                try:
+                    with transaction.atomic():
+                        value = next_version("shared")
+                        Worker.objects.filter(worker_id="-").exists()  # keep the tx open
+                finally:
+                    if writer:
+                        writer.release()
+                with lock:
+                    got.append(value)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    pool = [threading.Thread(target=work) for _ in range(threads_n)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join(60)
+    assert errors == []
+    assert sorted(got) == list(range(1, threads_n * per_thread + 1))
+    assert VersionCounter.objects.get(key="shared").value == threads_n * per_thread
+
+
+@TRANSACTIONAL
+def test_next_version_second_transaction_waits_for_the_first() -> None:
+    """PostgreSQL: a transaction that has taken a value holds the row; a concurrent one
+    waits and gets the next value, never the same. SQLite: the second writer cannot start
+    while the first is open, so it also sees the committed value."""
+    taken = threading.Event()
+    release = threading.Event()
+    values: dict[str, int] = {}
+    errors: list[BaseException] = []
+
+    def first() -> None:
+        try:
+            with transaction.atomic():
+                values["first"] = next_version("held")
+                taken.set()
+                release.wait(10)
+        except BaseException as exc:
+            errors.append(exc)
+            taken.set()
+        finally:
+            connections.close_all()
+
+    def second() -> None:
+        try:
+            with transaction.atomic():
+                values["second"] = next_version("held")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert taken.wait(10)
+    if is_postgres():
+        two = threading.Thread(target=second)
+        two.start()
+        two.join(0.5)
+        assert two.is_alive(), "the second transaction must wait for the row lock"
+        assert "second" not in values
+        release.set()
+        one.join(10)
+        two.join(10)
+    else:
+        release.set()
+        one.join(10)
+        two = threading.Thread(target=second)
+        two.start()
+        two.join(10)
+    assert errors == []
+    assert (values["first"], values["second"]) == (1, 2)
+
+
+# -- trace id and actor ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_outside_a_request_each_call_gets_a_new_trace_id(fast: Target) -> None:
+    enqueue("t:fast", 1)
+    enqueue("t:fast", 2)
+    rows = list(Job.objects.values_list("trace_id", "actor"))
+    traces = [trace for trace, _ in rows]
+    assert all(HEX32.match(t) for t in traces) and len(set(traces)) == 2
+    assert [actor for _, actor in rows] == [None, None]
+
+
+@pytest.mark.django_db
+def test_job_context_sets_trace_id_and_actor(fast: Target) -> None:
+    with job_context("abc", {"type": "user", "id": 7}):
+        enqueue_many([{"target": "t:fast", "payload": 1}, {"target": "t:fast", "payload": 2}])
+    enqueue("t:fast", 3)
+    rows = dict(Job.objects.values_list("payload", "trace_id"))
+    assert rows[1] == rows[2] == "abc"
+    assert rows[3] != "abc"
+    assert list(Job.objects.filter(trace_id="abc").values_list("actor", flat=True)) == [
+        {"type": "user", "id": 7}] * 2
+
+
+@pytest.mark.django_db
+def test_middleware_stamps_trace_id_from_traceparent_and_user(fast: Target) -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    user = get_user_model().objects.create_user("alice", password="pw-not-used")
+
+    def view(request: HttpRequest) -> HttpResponse:
+        enqueue("t:fast", {"from": "view"}, dedupe_key="mw:1")
+        return HttpResponse("ok")
+
+    request = RequestFactory().post("/orders", HTTP_TRACEPARENT=f"00-{trace}-00f067aa0ba902b7-01")
+    request.user = user
+    response = RequestContextMiddleware(view)(request)
+    assert response.status_code == 200
+    row = Job.objects.get(dedupe_key="mw:1")
+    assert row.trace_id == trace
+    assert row.actor == {"type": "user", "id": user.pk, "username": "alice"}
+    # The context ends with the request.
+    enqueue("t:fast", 2, dedupe_key="mw:2")
+    assert Job.objects.get(dedupe_key="mw:2").trace_id != trace
+
+
+# -- stored fields ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_run_at_and_headers_are_stored(fast: Target) -> None:
+    later = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=3)
+    enqueue("t:fast", {"a": 1}, code="order.updated", key="o-1", version=4, dedupe_key="f:1",
+            headers={"event_id": "e-1", "x": "y"}, run_at=later)
+    before = datetime.now(UTC)
+    enqueue("t:fast", None, dedupe_key="f:2")
+    after = datetime.now(UTC)
+    row = Job.objects.get(dedupe_key="f:1")
+    assert row.next_run_at == later
+    assert row.headers == {"event_id": "e-1", "x": "y"}
+    assert (row.payload, row.code, row.key, row.version) == ({"a": 1}, "order.updated", "o-1", 4)
+    assert (row.status, row.attempts, row.lane, row.target) == ("PENDING", 0, "fast", "t:fast")
+    now_row = Job.objects.get(dedupe_key="f:2")
+    assert (now_row.code, now_row.headers, now_row.version) == ("t:fast", {}, 0)
+    slack = timedelta(seconds=5)  # PostgreSQL stamps with its own clock
+    assert before - slack <= now_row.next_run_at <= after + slack
+
+
+# -- NOTIFY ---------------------------------------------------------------------------------------
+
+
+def _notified(listener: psycopg.Connection, timeout: float) -> list[tuple[str, str]]:
+    return [(n.channel, n.payload) for n in listener.notifies(timeout=timeout)]
+
+
+@TRANSACTIONAL
+def test_notify_only_after_commit(targets: Targets) -> None:
+    """PostgreSQL: workers are woken on commit, never by an open or rolled-back
+    transaction. SQLite has no NOTIFY: its insert must not try one."""
+    targets("t:fast")
+    targets("t:long", lane="long")
+    if not is_postgres():
+        with CaptureQueriesContext(connection) as captured:
+            enqueue("t:fast", 1)
+        assert captured.captured_queries
+        assert not any("notify" in q["sql"].lower() for q in captured.captured_queries)
+        assert count_jobs() == 1
+        return
+    with pg_connect(autocommit=True) as listener:
+        listener.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+        with transaction.atomic():
+            enqueue("t:fast", 1, dedupe_key="n:1")
+            enqueue("t:long", 2, dedupe_key="n:2")
+            assert _notified(listener, 0.5) == [], "NOTIFY delivered before commit"
+        assert sorted(_notified(listener, 2)) == [("jobs_engine", "fast"), ("jobs_engine", "long")]
+
+        with pytest.raises(Boom), transaction.atomic():
+            enqueue("t:fast", 3, dedupe_key="n:3")
+            raise Boom
+        assert _notified(listener, 0.5) == [], "NOTIFY delivered after a rollback"
+
+        assert enqueue("t:fast", 1, dedupe_key="n:1").inserted is False
+        assert _notified(listener, 0.5) == [], "a duplicate inserted nothing to wake for"
+
+        enqueue("t:fast", 4, dedupe_key="n:4")  # autocommit: woken at once
+        assert _notified(listener, 2) == [("jobs_engine", "fast")]

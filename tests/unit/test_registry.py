@@ -1,0 +1,126 @@
+"""register_target: bad input raises naming the field, and the registry stays as it was.
+
+Targets are registered from apps' ``ready()``; a half-registered or silently replaced target
+would send jobs to the wrong handler, so every check runs before the registry changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from jobs_engine import DeliveryMode, DuplicateTarget, InvalidJob, Lane, register_target
+from jobs_engine.errors import UnknownTarget
+from jobs_engine.registry import Job, Target, all_targets, get_target, unregister_target
+
+NAME = "t:registry-test"
+
+
+def noop(job: Job) -> None:
+    """A handler that does nothing."""
+
+
+@pytest.fixture(autouse=True)
+def _unregister() -> Iterator[None]:
+    yield
+    unregister_target(NAME)
+
+
+def snapshot() -> dict[str, Target]:
+    return {t.name: t for t in all_targets()}
+
+
+def test_valid_registration_is_stored() -> None:
+    target = register_target(NAME, noop, lane=Lane.LONG,
+                             delivery_mode=DeliveryMode.AT_LEAST_ONCE, exclusive=True,
+                             max_attempts=3, retry_delays=[1, 2.5])
+    assert get_target(NAME) is target
+    assert (target.lane, target.delivery_mode, target.exclusive) == (
+        Lane.LONG, DeliveryMode.AT_LEAST_ONCE, True)
+    assert (target.max_attempts, target.retry_delays) == (3, (1, 2.5))
+
+
+def test_lane_and_mode_accept_their_string_values() -> None:
+    target = register_target(NAME, noop, lane="fast", delivery_mode="at_least_once")
+    assert (target.lane, target.delivery_mode) == (Lane.FAST, DeliveryMode.AT_LEAST_ONCE)
+    assert target.delivery_mode is DeliveryMode("at_least_once")
+
+
+def test_default_delivery_mode_is_at_most_once() -> None:
+    assert register_target(NAME, noop, lane=Lane.FAST).delivery_mode is DeliveryMode.AT_MOST_ONCE
+
+
+BAD: list[tuple[str, dict[str, Any], str]] = [
+    ("handler-none", {"handler": None}, "handler"),
+    ("handler-string", {"handler": "examples.targets.log_event"}, "handler"),
+    ("lane-unknown", {"lane": "medium"}, "lane"),
+    ("lane-none", {"lane": None}, "lane"),
+    ("mode-unknown", {"delivery_mode": "exactly_once"}, "delivery_mode"),
+    ("max-attempts-zero", {"max_attempts": 0}, "max_attempts"),
+    ("max-attempts-negative", {"max_attempts": -2}, "max_attempts"),
+    ("max-attempts-text", {"max_attempts": "3"}, "max_attempts"),
+    ("retry-delays-negative", {"retry_delays": [60, -1]}, "retry_delays"),
+    ("retry-delays-empty", {"retry_delays": []}, "retry_delays"),
+    ("retry-delays-text", {"retry_delays": ["1m"]}, "retry_delays"),
+    ("batch-handler-not-callable", {"batch_handler": 42}, "batch_handler"),
+]
+
+
+@pytest.mark.parametrize(("bad", "field"), [(b, f) for _, b, f in BAD],
+                         ids=[name for name, _, _ in BAD])
+def test_bad_registration_raises_before_the_registry_changes(bad: dict[str, Any], field: str
+                                                             ) -> None:
+    before = snapshot()
+    kwargs: dict[str, Any] = {"handler": noop, "lane": Lane.FAST, **bad}
+    handler = kwargs.pop("handler")
+    with pytest.raises(InvalidJob) as info:
+        register_target(NAME, handler, **kwargs)
+    assert info.value.field == field
+    assert field in str(info.value)
+    assert snapshot() == before
+    with pytest.raises(UnknownTarget):
+        get_target(NAME)
+
+
+@pytest.mark.parametrize("name", ["", "   ", None, 7, "x" * 201])
+def test_bad_name_raises_before_the_registry_changes(name: Any) -> None:
+    before = snapshot()
+    with pytest.raises(InvalidJob) as info:
+        register_target(name, noop, lane=Lane.FAST)
+    assert info.value.field == "name"
+    assert snapshot() == before
+
+
+def test_duplicate_name_keeps_the_first_handler() -> None:
+    def second(job: Job) -> None:
+        raise AssertionError("the second registration must not replace the first")
+
+    first = register_target(NAME, noop, lane=Lane.FAST)
+    before = snapshot()
+    with pytest.raises(DuplicateTarget) as info:
+        register_target(NAME, second, lane=Lane.LONG, lossy=True)
+    assert info.value.name == NAME
+    assert NAME in str(info.value)
+    assert snapshot() == before
+    kept = get_target(NAME)
+    assert kept is first
+    assert (kept.handler, kept.lane, kept.lossy) == (noop, Lane.FAST, False)
+
+
+def test_unregister_then_register_again() -> None:
+    """Re-declaration (tests, reloads) goes through unregister; then the name is free."""
+    register_target(NAME, noop, lane=Lane.FAST)
+    unregister_target(NAME)
+    with pytest.raises(UnknownTarget):
+        get_target(NAME)
+    replacement: Callable[[Job], None] = print
+    assert register_target(NAME, replacement, lane=Lane.LONG).handler is replacement
+
+
+def test_unknown_target_names_it() -> None:
+    with pytest.raises(UnknownTarget) as info:
+        get_target("t:never-registered")
+    assert info.value.name == "t:never-registered"
+    assert "t:never-registered" in str(info.value)
