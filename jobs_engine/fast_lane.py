@@ -101,31 +101,17 @@ class FastLane:
 
         gate = self.pauses.check(now, Lane.FAST)
         rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, sorted(gate.skip))
-        rows = self._limit_probes(rows, gate.probes)
+        rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent rows stay PENDING
         handed = 0
         paused: set[str] = set()  # shared by every partition of this poll
         for partition, group in groupby(sorted(rows, key=lambda r: (r.partition, r.id)),
                                         key=lambda r: r.partition):
             self.leases.busy.add(partition)
             try:
-                handed += self._send_partition(partition, list(group), gate.probes, clock,
-                                               paused)
+                handed += self._send_partition(partition, list(group), probes, clock, paused)
             finally:
                 self.leases.busy.discard(partition)
         return handed
-
-    @staticmethod
-    def _limit_probes(rows: list[store.JobRow], probes: frozenset[str]) -> list[store.JobRow]:
-        """A probe is one row of its target."""
-        seen: set[str] = set()
-        kept = []
-        for row in rows:
-            if row.target in probes:
-                if row.target in seen:
-                    continue
-                seen.add(row.target)
-            kept.append(row)
-        return kept
 
     def _send_partition(self, partition: int, rows: list[store.JobRow], probes: frozenset[str],
                         clock: Callable[[], datetime], paused: set[str]) -> int:

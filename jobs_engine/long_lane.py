@@ -64,21 +64,17 @@ class LongLane:
             self.worker_id, token, now, self.settings.LONG_LEASE_S, free,
             exclusive_targets=exclusive, skip_targets=sorted(gate.skip),
         )
-        probed: set[str] = set()
+        rows, give_back, probes = self.pauses.probe_rows(rows, gate, now)
+        for row in give_back:
+            store.job_release_unchanged(store.Guard(Lane.LONG, token), row.id, row.attempts,
+                                        None, now)
         for row in rows:
-            if row.target in gate.probes and row.target in probed:
-                # One probe per paused target: give the others back untouched.
-                store.job_release_unchanged(store.Guard(Lane.LONG, token), row.id, row.attempts,
-                                            "", now)
-                continue
-            probed.add(row.target)
             with self._lock:
                 self._in_hand[row.id] = token
             if self._pool is None:
-                self._run_row(row, now, row.target in gate.probes)
+                self._run_row(row, now, row.target in probes)
             else:
-                future = self._pool.submit(self._run_row_in_thread, row,
-                                           row.target in gate.probes)
+                future = self._pool.submit(self._run_row_in_thread, row, row.target in probes)
                 self._futures.add(future)
                 future.add_done_callback(self._futures.discard)
         return len(rows)

@@ -158,7 +158,11 @@ def announce_dead(job_id: int, target: str, code: str, dedupe_key: str, reason: 
     """The DEAD alert: an error-level log line and the ``job_dead`` signal."""
     logger.error("job dead alert id=%s target=%s code=%s dedupe_key=%s reason=%s",
                  job_id, target, code, dedupe_key, reason)
-    job_dead.send(sender=None, job_id=job_id, target=target, code=code, reason=reason)
+    # A failing receiver must not stop the outcomes still to be written.
+    for receiver, response in job_dead.send_robust(sender=None, job_id=job_id, target=target,
+                                                   code=code, reason=reason):
+        if isinstance(response, Exception):
+            logger.error("job_dead receiver %r failed: %r", receiver, response)
 
 
 def announce_closed(closed: Sequence[store.ClosedJob]) -> None:

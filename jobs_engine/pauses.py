@@ -20,7 +20,7 @@ from jobs_engine.states import Lane
 @dataclass(frozen=True)
 class Gate:
     skip: frozenset[str]  # paused targets: read nothing of them
-    probes: frozenset[str]  # paused targets this worker may send one row of now
+    expired: frozenset[str]  # paused targets whose pause ran out: a probe may go
 
 
 class PauseGate:
@@ -30,20 +30,44 @@ class PauseGate:
 
     def check(self, now: datetime, lane: Lane) -> Gate:
         skip: set[str] = set()
-        probes: set[str] = set()
+        expired: set[str] = set()
         for pause in store.pauses_all():
             try:
                 if get_target(pause.target).lane is not lane:
                     continue
             except UnknownTarget:
                 continue
-            if pause.paused_until <= now and store.pause_claim_probe(
-                pause.target, self.worker_id, now, self.settings.PROBE_S
-            ):
-                probes.add(pause.target)
-            else:
-                skip.add(pause.target)
-        return Gate(frozenset(skip), frozenset(probes))
+            (expired if pause.paused_until <= now else skip).add(pause.target)
+        return Gate(frozenset(skip), frozenset(expired))
+
+    def claim_probe(self, target: str, now: datetime) -> bool:
+        """Called only by a worker that holds a due row of ``target``, so the winner
+        really sends the probe."""
+        return store.pause_claim_probe(target, self.worker_id, now, self.settings.PROBE_S)
+
+    def probe_rows(self, rows: list[store.JobRow], gate: Gate, now: datetime
+                   ) -> tuple[list[store.JobRow], list[store.JobRow], frozenset[str]]:
+        """Split ``rows`` into (to run, to give back, targets probed by this worker).
+
+        A paused target whose pause ran out gets one row through, on the one worker that
+        wins the probe; its other rows are given back untouched.
+        """
+        keep: list[store.JobRow] = []
+        give_back: list[store.JobRow] = []
+        probing: set[str] = set()
+        decided: dict[str, bool] = {}
+        for row in rows:
+            if row.target not in gate.expired:
+                keep.append(row)
+                continue
+            if row.target not in decided:
+                decided[row.target] = self.claim_probe(row.target, now)
+                if decided[row.target]:
+                    probing.add(row.target)
+                    keep.append(row)
+                    continue
+            give_back.append(row)
+        return keep, give_back, frozenset(probing)
 
     @staticmethod
     def probe_answered(target: str) -> None:

@@ -577,15 +577,18 @@ def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, 
     ) == 1
 
 
-def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str,
+def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str | None,
                           now: datetime) -> bool:
-    """Not sent (target unreachable): no attempt spent. The long lane gives the claim back."""
+    """Not sent (target unreachable, or not this worker's probe): no attempt spent; the
+    long lane gives the claim back. ``error=None`` keeps the row's last error."""
     where, where_params = guard.where(attempts)
     sets, set_params = guard.sets()
+    error_sql, error_params = ("last_error = %s, ", [cut_error(error)]) if error is not None \
+        else ("", [])
     return _execute(
-        f"UPDATE {JOBS} SET status = %s, last_error = %s, updated_at = %s, {sets} "
+        f"UPDATE {JOBS} SET status = %s, {error_sql}updated_at = %s, {sets} "
         f"WHERE id = %s AND {where}",
-        [_PENDING, cut_error(error), _dt(now), *set_params, job_id, *where_params],
+        [_PENDING, *error_params, _dt(now), *set_params, job_id, *where_params],
     ) == 1
 
 

@@ -13,6 +13,7 @@ from jobs_engine import registry
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.registry import Job, Target
 
+
 @pytest.fixture
 def now() -> datetime:
     """A fixed decision time, taken once when the test starts; tests pass it (and later

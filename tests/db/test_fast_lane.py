@@ -1,0 +1,655 @@
+"""The fast lane against a real database, with an injected clock (seed 000 §11
+fast_lane.worker.spec; SPEC §5).
+
+Time never passes for real: every poll gets an explicit decision time (``t0`` and later
+times made from it), and the lane's monotonic clock is a fake that moves only when a test
+moves it, so lease trust is decided by the test.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from jobs_engine import conf, store
+from jobs_engine.conf import JobsSettings, load_settings
+from jobs_engine.enqueueing import enqueue, enqueue_many, partition_for
+from jobs_engine.errors import DeadNow, TargetUnreachable
+from jobs_engine.fast_lane import FastLane
+from jobs_engine.leases import PartitionLeases
+from jobs_engine.models import Job as JobModel
+from jobs_engine.models import Partition, TargetPause
+from jobs_engine.pauses import PauseGate
+from jobs_engine.registry import Job
+from jobs_engine.signals import job_dead
+from jobs_engine.states import DeliveryMode, JobStatus, Lane
+
+pytestmark = pytest.mark.django_db
+
+SECOND = timedelta(seconds=1)
+
+
+class Crash(BaseException):
+    """Aborts a poll the way a killed process would: the fast lane catches only
+    ``Exception``, so nothing after the handler call runs."""
+
+
+class FakeMonotonic:
+    """A monotonic clock that moves only when the test moves it."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.value = start
+
+    def __call__(self) -> float:
+        return self.value
+
+    def advance(self, seconds: float) -> None:
+        self.value += seconds
+
+
+@dataclass
+class Worker:
+    """One fast-lane worker: its leases, its lane and its fake clock."""
+
+    lane: FastLane
+    leases: PartitionLeases
+    clock: FakeMonotonic = field(default_factory=FakeMonotonic)
+
+    def run(self, at: datetime) -> int:
+        """Heartbeat at ``at`` (so the lease is live at that time), then poll."""
+        self.leases.heartbeat(at)
+        return self.lane.run_once(at)
+
+
+def make_worker(name: str, settings: JobsSettings | None = None,
+                clock: FakeMonotonic | None = None) -> Worker:
+    settings = settings or conf.jobs_settings()
+    clock = clock or FakeMonotonic()
+    worker_id = f"{name}-{uuid.uuid4().hex[:6]}"
+    leases = PartitionLeases(worker_id, settings, monotonic=clock)
+    lane = FastLane(worker_id, settings, leases, PauseGate(worker_id, settings), monotonic=clock)
+    store.partitions_seed(settings.PARTITIONS)
+    return Worker(lane, leases, clock)
+
+
+def keys_in(partitions: Collection[int], count: int, prefix: str) -> list[str]:
+    """``count`` keys whose partition is in ``partitions``."""
+    found: list[str] = []
+    number = 0
+    while len(found) < count:
+        key = f"{prefix}-{number}"
+        if partition_for(key, key, conf.jobs_settings().PARTITIONS) in partitions:
+            found.append(key)
+        number += 1
+    return found
+
+
+def put(target: str, at: datetime, *, key: str | None = None, version: int | None = None,
+        payload: Any = None, dedupe_key: str | None = None) -> int:
+    result = enqueue(target, payload, key=key, version=version, run_at=at, dedupe_key=dedupe_key)
+    assert result.job_id is not None
+    return result.job_id
+
+
+def row(job_id: int) -> JobModel:
+    return JobModel.objects.get(id=job_id)
+
+
+def raising(exc: BaseException, calls: list[Job]) -> Callable[[Job], None]:
+    def handler(job: Job) -> None:
+        calls.append(job)
+        raise exc
+
+    return handler
+
+
+def race(*steps: Callable[[], Any]) -> list[Any]:
+    """Run ``steps`` at the same moment in threads (PostgreSQL) or in turn (SQLite)."""
+    if connection.vendor != "postgresql":
+        return [step() for step in steps]
+    barrier = threading.Barrier(len(steps))
+    results: list[Any] = [None] * len(steps)
+    errors: list[BaseException] = []
+
+    def run(index: int, step: Callable[[], Any]) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[index] = step()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, step)) for i, step in enumerate(steps)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture
+def t0(now: datetime) -> datetime:
+    return now
+
+
+@pytest.fixture
+def dead_signals() -> Iterator[list[dict[str, Any]]]:
+    got: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        got.append(kwargs)
+
+    job_dead.connect(receiver, weak=False, dispatch_uid="test_fast_lane")
+    yield got
+    job_dead.disconnect(dispatch_uid="test_fast_lane")
+
+
+# -- batches -----------------------------------------------------------------------------------
+
+
+def test_250_rows_go_out_100_100_50_and_success_deletes(targets: Any, t0: datetime) -> None:
+    """A poll reads at most FAST_BATCH rows; every successful send deletes its row."""
+    target = targets("fl.bulk")
+    enqueue_many([{"target": "fl.bulk", "payload": i, "run_at": t0} for i in range(250)])
+    worker = make_worker("A")
+    assert [worker.run(t0) for _ in range(4)] == [100, 100, 50, 0]
+    assert sorted(job.payload for job in target.extra["calls"]) == list(range(250))
+    assert JobModel.objects.count() == 0
+
+
+def test_fast_batch_comes_from_settings(targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """FAST_BATCH from settings.JOBS and from the JOBS_FAST_BATCH environment variable."""
+    targets("fl.small")
+    from_settings = jobs_settings(FAST_BATCH=7)
+    enqueue_many([{"target": "fl.small", "payload": i, "run_at": t0} for i in range(10)])
+    worker = make_worker("A", from_settings)
+    assert [worker.run(t0) for _ in range(3)] == [7, 3, 0]
+
+    from_env = load_settings({}, environ={"JOBS_FAST_BATCH": "4"})
+    assert from_env.FAST_BATCH == 4
+    enqueue_many([{"target": "fl.small", "payload": i, "run_at": t0} for i in range(10)])
+    other = make_worker("B", from_env)
+    worker.leases.release_all()
+    assert [other.run(t0) for _ in range(4)] == [4, 4, 2, 0]
+
+
+# -- answered failures: backoff, DEAD ---------------------------------------------------------
+
+
+def test_answered_failure_backs_off_then_dead_at_sixth(targets: Any, t0: datetime,
+                                                        dead_signals: list[dict[str, Any]],
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """1, 2, 4, 8, 16 minutes, then DEAD at the 6th failure with closed_at, last_error cut
+    to 2000 characters, one job_dead signal and one "job dead alert" error line."""
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+    calls: list[Job] = []
+    targets("fl.fail", handler=raising(ValueError("E" * 5000), calls))
+    job_id = put("fl.fail", t0, key="order-1", version=1)
+    worker = make_worker("A")
+    at = t0
+    for attempt, delay in enumerate((60, 120, 240, 480, 960), start=1):
+        assert worker.run(at) == 1
+        failed = row(job_id)
+        assert (failed.status, failed.attempts) == (JobStatus.PENDING, attempt)
+        assert failed.next_run_at == at + timedelta(seconds=delay)
+        assert failed.last_error.startswith("ValueError: EEE")
+        assert worker.run(at + timedelta(seconds=delay) - SECOND) == 0  # not due yet
+        at += timedelta(seconds=delay)
+    assert dead_signals == []
+    assert worker.run(at) == 1
+    dead = row(job_id)
+    assert (dead.status, dead.attempts, dead.closed_at) == (JobStatus.DEAD, 6, at)
+    assert len(dead.last_error) == 2000
+    assert [s["job_id"] for s in dead_signals] == [job_id]
+    alerts = [r for r in caplog.records if r.getMessage().startswith("job dead alert")]
+    assert len(alerts) == 1
+    assert alerts[0].levelno == logging.ERROR
+    assert f"id={job_id}" in alerts[0].getMessage()
+    assert len(calls) == 6
+    assert worker.run(at + timedelta(days=1)) == 0  # DEAD rows are never sent again
+
+
+def test_per_target_max_attempts_and_retry_delays(targets: Any, t0: datetime) -> None:
+    """A target's own max_attempts and retry_delays win; the last delay repeats."""
+    calls: list[Job] = []
+    targets("fl.custom", handler=raising(ValueError("no"), calls), max_attempts=4,
+            retry_delays=[5, 7])
+    job_id = put("fl.custom", t0)
+    worker = make_worker("A")
+    at = t0
+    for attempt, delay in enumerate((5, 7, 7), start=1):
+        assert worker.run(at) == 1
+        assert (row(job_id).attempts, row(job_id).next_run_at) == (
+            attempt, at + timedelta(seconds=delay))
+        at += timedelta(seconds=delay)
+    assert worker.run(at) == 1
+    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.DEAD, 4)
+
+
+# -- key order and holds ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def versioned(targets: Any) -> tuple[list[int], dict[int, BaseException]]:
+    """Target ``fl.keyed``: records versions sent; ``failures[v]`` fails version v once."""
+    sent: list[int] = []
+    failures: dict[int, BaseException] = {}
+
+    def handler(job: Job) -> None:
+        sent.append(job.version)
+        exc = failures.pop(job.version, None)
+        if exc is not None:
+            raise exc
+
+    targets("fl.keyed", handler=handler)
+    return sent, failures
+
+
+def test_failed_row_holds_later_versions_until_retried(
+        versioned: tuple[list[int], dict[int, BaseException]], t0: datetime) -> None:
+    sent, failures = versioned
+    ids = [put("fl.keyed", t0, key="order-1", version=v) for v in (1, 2, 3)]
+    failures[1] = ValueError("answered failure")
+    worker = make_worker("A")
+    assert worker.run(t0) == 1
+    assert worker.run(t0) == 0
+    assert worker.run(t0 + 59 * SECOND) == 0  # v2, v3 wait behind v1's retry
+    assert sent == [1]
+    assert [row(i).status for i in ids[1:]] == [JobStatus.PENDING] * 2
+    later = t0 + 60 * SECOND
+    polls = [worker.run(later) for _ in range(4)]
+    assert sent == [1, 1, 2, 3]
+    assert sum(polls) == 3
+    assert JobModel.objects.count() == 0
+
+
+def test_dead_row_holds_nothing(versioned: tuple[list[int], dict[int, BaseException]],
+                                t0: datetime) -> None:
+    sent, failures = versioned
+    first = put("fl.keyed", t0, key="order-1", version=1)
+    for version in (2, 3):
+        put("fl.keyed", t0, key="order-1", version=version)
+    failures[1] = DeadNow("invalid record")
+    worker = make_worker("A")
+    polls = [worker.run(t0) for _ in range(4)]
+    assert row(first).status == JobStatus.DEAD
+    assert sent == [1, 2, 3]
+    assert sum(polls) == 3
+    assert JobModel.objects.exclude(id=first).count() == 0
+
+
+def test_versions_committed_out_of_order_are_sent_in_order(
+        versioned: tuple[list[int], dict[int, BaseException]], t0: datetime) -> None:
+    sent, _ = versioned
+    for version in (3, 1, 2):  # v3 committed first
+        put("fl.keyed", t0, key="order-1", version=version)
+    worker = make_worker("A")
+    for _ in range(4):
+        worker.run(t0)
+    assert sent == [1, 2, 3]
+
+
+def test_rows_without_key_are_not_held(targets: Any, t0: datetime) -> None:
+    calls: list[Job] = []
+    failed: list[int] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job)
+        if not failed:
+            failed.append(job.id)  # type: ignore[arg-type]
+            raise ValueError("first one fails")
+
+    targets("fl.nokey", handler=handler)
+    ids = [put("fl.nokey", t0) for _ in range(3)]
+    worker = make_worker("A")
+    assert worker.run(t0) == 3
+    assert {job.id for job in calls} == set(ids)
+    assert list(JobModel.objects.values_list("id", flat=True)) == failed
+
+
+def test_future_dated_row_holds_later_versions(
+        versioned: tuple[list[int], dict[int, BaseException]], t0: datetime) -> None:
+    sent, _ = versioned
+    put("fl.keyed", t0 + timedelta(hours=1), key="order-1", version=1)
+    put("fl.keyed", t0, key="order-1", version=2)
+    worker = make_worker("A")
+    assert worker.run(t0) == 0
+    assert worker.run(t0 + timedelta(minutes=59)) == 0
+    later = t0 + timedelta(hours=1)
+    assert [worker.run(later) for _ in range(3)] == [1, 1, 0]
+    assert sent == [1, 2]
+
+
+# -- unreachable targets, pauses and probes ---------------------------------------------------
+
+
+def test_unreachable_pauses_target_and_skips_rest_of_its_batch(targets: Any,
+                                                              t0: datetime) -> None:
+    """No attempt spent, the target paused, none of its other rows handed in that poll
+    (same partition or not), other targets keep running."""
+    down_calls: list[Job] = []
+    targets("fl.down", handler=raising(TargetUnreachable("connection refused"), down_calls))
+    up = targets("fl.up")
+    same = keys_in({5}, 5, "same")
+    other = keys_in({9}, 2, "other")
+    down_ids = [put("fl.down", t0, key=key) for key in same[:3] + other]
+    up_ids = [put("fl.up", t0, key=key) for key in same[3:]]
+    worker = make_worker("A")
+    assert worker.run(t0) == 3
+    assert len(down_calls) == 1
+    assert [(row(i).status, row(i).attempts) for i in down_ids] == [(JobStatus.PENDING, 0)] * 5
+    pause = TargetPause.objects.get(target="fl.down")
+    assert pause.paused_until == t0 + 30 * SECOND
+    assert "connection refused" in pause.reason
+    assert {job.id for job in up.extra["calls"]} == set(up_ids)
+    assert not JobModel.objects.filter(id__in=up_ids).exists()
+    assert worker.run(t0 + 29 * SECOND) == 0
+    assert len(down_calls) == 1
+
+
+def test_unreachable_at_least_once_target_hands_no_more_rows(targets: Any,
+                                                             t0: datetime) -> None:
+    """An at-least-once target sends a partition's rows in one send; once one of them
+    finds the target unreachable, the rest of that send is not handed either."""
+    calls: list[Job] = []
+    targets("fl.down_alo", handler=raising(TargetUnreachable("no broker"), calls),
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    ids = [put("fl.down_alo", t0, key=key) for key in keys_in({3}, 4, "alo")]
+    worker = make_worker("A")
+    worker.run(t0)
+    assert len(calls) == 1
+    assert [(row(i).status, row(i).attempts) for i in ids] == [(JobStatus.PENDING, 0)] * 4
+    assert TargetPause.objects.filter(target="fl.down_alo").exists()
+
+
+def test_paused_target_gets_one_probe_per_probe_period(targets: Any, t0: datetime) -> None:
+    """After PROBE_S exactly one row is read through; an unreachable probe extends the
+    pause, a probe that gets through clears it and the rest drains."""
+    state = {"down": True}
+    calls: list[Job] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job)
+        if state["down"]:
+            raise TargetUnreachable("refused")
+
+    targets("fl.flaky", handler=handler)
+    ids = [put("fl.flaky", t0, key=key) for key in keys_in(set(range(64)), 4, "probe")]
+    worker = make_worker("A")
+    assert worker.run(t0) == 1
+    probe_at = t0 + 31 * SECOND
+    assert worker.run(probe_at) == 1  # exactly one probe row
+    assert len(calls) == 2
+    assert TargetPause.objects.get(target="fl.flaky").paused_until == probe_at + 30 * SECOND
+    assert worker.run(probe_at + 29 * SECOND) == 0
+    state["down"] = False
+    back_at = probe_at + 31 * SECOND
+    assert worker.run(back_at) == 1  # the probe gets through ...
+    assert not TargetPause.objects.filter(target="fl.flaky").exists()  # ... and resumes
+    assert worker.run(back_at) == 3
+    assert not JobModel.objects.filter(id__in=ids).exists()
+
+
+def test_unreachable_for_two_days_keeps_attempts_then_drains_in_key_order(
+        targets: Any, t0: datetime) -> None:
+    state = {"down": True}
+    sent: list[int] = []
+
+    def handler(job: Job) -> None:
+        if state["down"]:
+            raise TargetUnreachable("broker down")
+        sent.append(job.version)
+
+    targets("fl.outage", handler=handler)
+    ids = [put("fl.outage", t0, key="order-1", version=v) for v in (1, 2, 3)]
+    worker = make_worker("A")
+    for at in (t0, t0 + 31 * SECOND, t0 + timedelta(days=1), t0 + timedelta(days=2)):
+        assert worker.run(at) == 1  # the first poll, then one probe each time
+    assert [(row(i).status, row(i).attempts) for i in ids] == [(JobStatus.PENDING, 0)] * 3
+    assert TargetPause.objects.filter(target="fl.outage").exists()
+    state["down"] = False
+    back = t0 + timedelta(days=2, seconds=31)
+    assert [worker.run(back) for _ in range(4)] == [1, 1, 1, 0]
+    assert sent == [1, 2, 3]
+
+
+def test_one_probe_cluster_wide_between_two_workers(targets: Any, t0: datetime) -> None:
+    """Two workers holding the paused target's rows in different partitions: only one of
+    them sends a probe per PROBE_S (the target is still down, so the pause goes on)."""
+    calls: list[Job] = []
+    targets("fl.shared", handler=raising(TargetUnreachable("still down"), calls))
+    first, second = make_worker("A"), make_worker("B")
+    first.leases.heartbeat(t0)
+    second.leases.heartbeat(t0)
+    first.leases.heartbeat(t0)
+    second.leases.heartbeat(t0)
+    held_a, held_b = set(first.leases.held()), set(second.leases.held())
+    assert held_a and held_b and not held_a & held_b
+    put("fl.shared", t0, key=keys_in(held_a, 1, "a")[0])
+    put("fl.shared", t0, key=keys_in(held_b, 1, "b")[0])
+    store.pause_set("fl.shared", t0 - 31 * SECOND, 30, "down")  # its pause ran out at t0
+    handed = [first.lane.run_once(t0), second.lane.run_once(t0)]
+    assert handed == [1, 0]
+    assert len(calls) == 1
+    assert TargetPause.objects.get(target="fl.shared").paused_until == t0 + 30 * SECOND
+
+
+def test_probe_is_claimed_only_by_a_worker_holding_a_row_of_the_target(
+        targets: Any, t0: datetime) -> None:
+    """A worker with no due row of the paused target leaves the probe to one that has:
+    otherwise the pause would be extended with no probe sent."""
+    calls: list[Job] = []
+    targets("fl.probe-owner", handler=calls.append)
+    first, second = make_worker("A"), make_worker("B")
+    for _ in range(2):
+        first.leases.heartbeat(t0)
+        second.leases.heartbeat(t0)
+    put("fl.probe-owner", t0, key=keys_in(set(second.leases.held()), 1, "b")[0])
+    store.pause_set("fl.probe-owner", t0 - 31 * SECOND, 30, "down")
+    assert first.lane.run_once(t0) == 0
+    assert TargetPause.objects.get(target="fl.probe-owner").probe_by is None
+    assert second.lane.run_once(t0) == 1
+    assert len(calls) == 1
+    assert not TargetPause.objects.filter(target="fl.probe-owner").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_pause_gates_give_exactly_one_probe(targets: Any, now: datetime) -> None:
+    """Two workers claim the same expired pause at the same moment (threads on
+    PostgreSQL): one wins the probe, the other skips the target."""
+    targets("fl.race")
+    store.pause_set("fl.race", now - 31 * SECOND, 30, "down")
+    gates = [PauseGate(name, conf.jobs_settings()) for name in ("A", "B")]
+    assert all(gate.check(now, Lane.FAST).expired == {"fl.race"} for gate in gates)
+    won = race(*[lambda gate=gate: gate.claim_probe("fl.race", now) for gate in gates])
+    assert sorted(won) == [False, True]
+    pause = TargetPause.objects.get(target="fl.race")
+    assert (pause.paused_until, pause.probe_by) == (now + 30 * SECOND, "A" if won[0] else "B")
+
+
+# -- the run log line, batch handlers ---------------------------------------------------------
+
+
+def test_every_run_logs_one_line(targets: Any, t0: datetime,
+                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+    targets("fl.ok")
+    targets("fl.bad", handler=raising(ValueError("nope"), []))
+    put("fl.ok", t0, dedupe_key="ok-1")
+    put("fl.bad", t0, dedupe_key="bad-1")
+    make_worker("A").run(t0)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job run ")]
+    assert len(lines) == 2
+    pattern = (r"job run code={0} target={0} dedupe_key={1} attempts={2} "
+               r"duration_ms=\d+\.\d result={3}$")
+    assert any(re.match(pattern.format("fl.ok", "ok-1", 0, "ok"), line) for line in lines)
+    assert any(re.match(pattern.format("fl.bad", "bad-1", 1, "retry"), line) for line in lines)
+
+
+def test_batch_handler_gets_all_rows_of_a_partition_in_one_call(targets: Any,
+                                                               t0: datetime) -> None:
+    batches: list[list[int | None]] = []
+
+    def batch_handler(jobs: Any) -> list[BaseException | None]:
+        batches.append([job.id for job in jobs])
+        return [ValueError("second fails") if i == 1 else None for i in range(len(jobs))]
+
+    targets("fl.batched", handler=lambda job: None, batch_handler=batch_handler,
+            delivery_mode=DeliveryMode.AT_MOST_ONCE)
+    in_p = [put("fl.batched", t0, key=key) for key in keys_in({11}, 5, "p")]
+    in_q = [put("fl.batched", t0, key=key) for key in keys_in({12}, 2, "q")]
+    assert make_worker("A").run(t0) == 7
+    assert sorted(sorted(batch) for batch in batches) == sorted([in_p, in_q])
+    failed = {batch[1] for batch in batches}
+    assert set(JobModel.objects.values_list("id", flat=True)) == failed
+    assert all(row(i).attempts == 1 for i in failed)  # type: ignore[arg-type]
+
+
+# -- lost leases and takeovers -----------------------------------------------------------------
+
+
+def test_worker_whose_lease_expired_sends_nothing(targets: Any, t0: datetime) -> None:
+    """A's lease runs out (its own clock says so too); B takes every partition and sends."""
+    target = targets("fl.lease")
+    a = make_worker("A")
+    a.leases.heartbeat(t0)
+    ids = [put("fl.lease", t0, key=f"k{i}") for i in range(3)]
+    later = t0 + 31 * SECOND
+    a.clock.advance(31)
+    b = make_worker("B")
+    assert len(b.leases.heartbeat(later).taken) == 64
+    assert a.leases.held() == []
+    assert a.lane.run_once(later) == 0
+    assert target.extra["calls"] == []
+    assert b.lane.run_once(later) == 3
+    assert {job.id for job in target.extra["calls"]} == set(ids)
+
+
+def test_db_lease_guard_stops_a_worker_that_still_trusts_its_lease(targets: Any,
+                                                                   t0: datetime) -> None:
+    """A's monotonic clock says "trusted" but B took the partition: the in-flight mark is
+    refused, A sends nothing and drops the partition."""
+    target = targets("fl.stall")
+    a = make_worker("A")
+    a.leases.heartbeat(t0)
+    job_id = put("fl.stall", t0, key="k1")
+    partition = row(job_id).partition
+    later = t0 + 31 * SECOND
+    make_worker("B").leases.heartbeat(later)
+    assert partition in a.leases.held()
+    assert a.lane.run_once(later) == 0
+    assert target.extra["calls"] == []
+    assert partition not in a.leases.held()
+    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
+
+
+def test_lease_lost_between_rows_sends_no_further_row(targets: Any, t0: datetime) -> None:
+    """Self-fencing: after a send that outlived the worker's trust in its lease (lease
+    minus a margin), it sends no further row, even though the database lease has not run
+    out yet."""
+    a = make_worker("A")
+    calls: list[Job] = []
+
+    def slow(job: Job) -> None:
+        calls.append(job)
+        a.clock.advance(29.5)  # past the 29 s of trust, inside the 30 s database lease
+
+    targets("fl.slow", handler=slow)
+    first, second = (put("fl.slow", t0, key=key) for key in keys_in({7}, 2, "slow"))
+    assert a.run(t0) == 1
+    assert [job.id for job in calls] == [first]
+    assert not JobModel.objects.filter(id=first).exists()
+    assert (row(second).status, row(second).attempts) == (JobStatus.PENDING, 0)
+
+
+@pytest.mark.parametrize("mode", [DeliveryMode.AT_MOST_ONCE, DeliveryMode.AT_LEAST_ONCE])
+def test_takeover_judges_the_row_in_flight(targets: Any, t0: datetime, mode: DeliveryMode,
+                                           dead_signals: list[dict[str, Any]]) -> None:
+    """A dies while sending its first row. At-most-once: that row goes DEAD, the row it
+    never handed stays PENDING. At-least-once: both stay PENDING and B sends them."""
+    calls: list[Job] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job)
+        if len(calls) == 1:
+            raise Crash
+
+    targets("fl.crash", handler=handler, delivery_mode=mode)
+    first, second = (put("fl.crash", t0, key=key) for key in keys_in({21}, 2, "crash"))
+    a = make_worker("A")
+    with pytest.raises(Crash):
+        a.run(t0)
+    marked = Partition.objects.get(partition=21)
+    assert first in marked.inflight_ids and marked.inflight_token
+    later = t0 + 31 * SECOND
+    b = make_worker("B")
+    b.leases.heartbeat(later)
+    cleared = Partition.objects.get(partition=21)
+    assert (cleared.owner, cleared.inflight_ids, cleared.inflight_token) == (
+        b.lane.worker_id, [], None)
+    if mode is DeliveryMode.AT_MOST_ONCE:
+        dead = row(first)
+        assert (dead.status, dead.closed_at) == (JobStatus.DEAD, later)
+        assert dead.last_error == "in flight when its partition was taken over"
+        assert [s["job_id"] for s in dead_signals] == [first]
+        assert (row(second).status, row(second).attempts) == (JobStatus.PENDING, 0)
+        assert b.lane.run_once(later) == 1
+        assert [job.id for job in calls] == [first, second]
+    else:
+        assert [row(i).status for i in (first, second)] == [JobStatus.PENDING] * 2
+        assert dead_signals == []
+        assert b.lane.run_once(later) == 2
+        assert [job.id for job in calls] == [first, first, second]
+    assert not JobModel.objects.filter(status=JobStatus.PENDING).exists()
+
+
+def test_outcome_written_under_the_inflight_token_stays_as_written(
+        targets: Any, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
+    """A crashes after writing its outcomes but before clearing the in-flight mark (here:
+    inside the job_dead signal). B's takeover leaves the written rows alone."""
+    behaviour: dict[str, BaseException] = {}
+
+    def handler(job: Job) -> None:
+        raise behaviour[job.dedupe_key]
+
+    crashed: list[int] = []
+
+    def crash_once(sender: Any, **kwargs: Any) -> None:
+        if not crashed:
+            crashed.append(kwargs["job_id"])
+            raise Crash
+
+    targets("fl.written", handler=handler)
+    keys = keys_in({30}, 2, "written")
+    retried = put("fl.written", t0, key=keys[0], dedupe_key="retried")
+    closed = put("fl.written", t0, key=keys[1], dedupe_key="closed")
+    behaviour.update(retried=ValueError("answered"), closed=DeadNow("invalid"))
+    job_dead.connect(crash_once, weak=False, dispatch_uid="crash_once")
+    try:
+        with pytest.raises(Crash):
+            make_worker("A").run(t0)
+    finally:
+        job_dead.disconnect(dispatch_uid="crash_once")
+    assert sorted(Partition.objects.get(partition=30).inflight_ids) == sorted([retried, closed])
+    later = t0 + 31 * SECOND
+    make_worker("B").leases.heartbeat(later)
+    kept = row(retried)
+    assert (kept.status, kept.attempts, kept.next_run_at) == (
+        JobStatus.PENDING, 1, t0 + 60 * SECOND)
+    assert row(closed).last_error == "DeadNow: invalid"
+    assert Partition.objects.get(partition=30).inflight_ids == []
+    assert crashed == [closed]
+    assert [s["job_id"] for s in dead_signals] == [closed]  # none from the takeover

@@ -1,0 +1,367 @@
+"""The long lane against a real database (seed 000 §11 long_lane.worker.spec; SPEC §5).
+
+Lanes run with ``threads=False`` and a fake monotonic clock, and every poll gets an
+explicit decision time. "A handler runs while time passes" is played out inside the
+handler itself: it renews, or lets another worker poll, at later times before returning.
+Concurrent reservations run in real threads on PostgreSQL and in turn on SQLite.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings, load_settings
+from jobs_engine.enqueueing import enqueue
+from jobs_engine.errors import TargetUnreachable
+from jobs_engine.long_lane import LongLane
+from jobs_engine.models import Job as JobModel
+from jobs_engine.models import TargetPause
+from jobs_engine.pauses import PauseGate
+from jobs_engine.registry import Job
+from jobs_engine.signals import job_dead
+from jobs_engine.states import DeliveryMode, JobStatus
+
+pytestmark = pytest.mark.django_db
+
+SECOND = timedelta(seconds=1)
+MINUTE = timedelta(minutes=1)
+SETTINGS = load_settings({}, environ={})
+
+
+class Crash(BaseException):
+    """Stands for the worker process dying mid-run: nothing after the handler runs."""
+
+
+class FakeMonotonic:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.value = start
+
+    def __call__(self) -> float:
+        return self.value
+
+
+def long_worker(name: str, settings: JobsSettings = SETTINGS) -> LongLane:
+    worker_id = f"{name}-{uuid.uuid4().hex[:6]}"
+    return LongLane(worker_id, settings, PauseGate(worker_id, settings), threads=False,
+                    monotonic=FakeMonotonic())
+
+
+def put(target: str, at: datetime, *, code: str | None = None) -> int:
+    result = enqueue(target, None, code=code, run_at=at)
+    assert result.job_id is not None
+    return result.job_id
+
+
+def row(job_id: int) -> JobModel:
+    return JobModel.objects.get(id=job_id)
+
+
+def race(*steps: Callable[[], Any]) -> list[Any]:
+    """Run ``steps`` at the same moment in threads (PostgreSQL) or in turn (SQLite)."""
+    if connection.vendor != "postgresql":
+        return [step() for step in steps]
+    barrier = threading.Barrier(len(steps))
+    results: list[Any] = [None] * len(steps)
+    errors: list[BaseException] = []
+
+    def run(index: int, step: Callable[[], Any]) -> None:
+        try:
+            barrier.wait(timeout=10)
+            results[index] = step()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i, step)) for i, step in enumerate(steps)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.fixture
+def t0(now: datetime) -> datetime:
+    return now
+
+
+@pytest.fixture
+def dead_signals() -> Iterator[list[dict[str, Any]]]:
+    got: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        got.append(kwargs)
+
+    job_dead.connect(receiver, weak=False, dispatch_uid="test_long_lane")
+    yield got
+    job_dead.disconnect(dispatch_uid="test_long_lane")
+
+
+# -- reserve and renew -------------------------------------------------------------------------
+
+
+def test_reserve_takes_at_most_long_batch_under_one_token_and_lease(targets: Any,
+                                                                    t0: datetime) -> None:
+    seen: list[list[tuple[Any, ...]]] = []
+
+    def handler(job: Job) -> None:
+        if not seen:
+            seen.append(list(JobModel.objects.filter(status=JobStatus.RUNNING).values_list(
+                "claim_token", "claimed_by", "lease_until")))
+
+    targets("ll.reserve", handler=handler, lane="long")
+    for _ in range(12):
+        put("ll.reserve", t0)
+    lane = long_worker("A")
+    assert lane.run_once(t0) == 10
+    running = seen[0]
+    assert len(running) == 10
+    assert len({token for token, _, _ in running}) == 1
+    assert {(owner, lease) for _, owner, lease in running} == {
+        (lane.worker_id, t0 + timedelta(seconds=300))}
+    assert JobModel.objects.count() == 2
+    assert lane.run_once(t0) == 2
+    assert JobModel.objects.count() == 0
+
+
+def test_renewed_row_is_never_reclaimed_during_a_7_minute_run(targets: Any,
+                                                             t0: datetime) -> None:
+    a, b = long_worker("A"), long_worker("B")
+    calls: list[int | None] = []
+    polled: list[int] = []
+    leases: list[datetime | None] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job.id)
+        if len(calls) > 1:
+            return  # a second run: the test fails on the calls assertion below
+        for minute in range(1, 8):
+            assert a.renew(t0 + minute * MINUTE) == 1
+        leases.append(row(job.id).lease_until)  # type: ignore[arg-type]
+        polled.append(b.run_once(t0 + 7 * MINUTE))
+
+    targets("ll.slow", handler=handler, lane="long")
+    job_id = put("ll.slow", t0)
+    assert a.run_once(t0) == 1
+    assert polled == [0]
+    assert calls == [job_id]
+    assert leases == [t0 + 12 * MINUTE]
+    assert not JobModel.objects.filter(id=job_id).exists()
+
+
+# -- reclaim after a worker died ---------------------------------------------------------------
+
+
+def crash_first(calls: list[int | None]) -> Callable[[Job], None]:
+    def handler(job: Job) -> None:
+        calls.append(job.id)
+        if len(calls) == 1:
+            raise Crash
+
+    return handler
+
+
+def test_at_least_once_row_runs_again_after_its_worker_died(targets: Any,
+                                                            t0: datetime) -> None:
+    calls: list[int | None] = []
+    targets("ll.alo", handler=crash_first(calls), lane="long",
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    job_id = put("ll.alo", t0)
+    with pytest.raises(Crash):
+        long_worker("A").run_once(t0)
+    assert row(job_id).status == JobStatus.RUNNING and row(job_id).started_at is not None
+    b = long_worker("B")
+    assert b.run_once(t0 + 299 * SECOND) == 0  # the lease is still live
+    assert b.run_once(t0 + 301 * SECOND) == 1
+    assert calls == [job_id, job_id]
+    assert not JobModel.objects.filter(id=job_id).exists()
+
+
+def test_at_most_once_row_that_started_goes_dead_instead_of_running_twice(
+        targets: Any, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
+    calls: list[int | None] = []
+    targets("ll.amo", handler=crash_first(calls), lane="long")
+    job_id = put("ll.amo", t0)
+    with pytest.raises(Crash):
+        long_worker("A").run_once(t0)
+    later = t0 + 301 * SECOND
+    assert long_worker("B").run_once(later) == 0
+    dead = row(job_id)
+    assert (dead.status, dead.closed_at, dead.claim_token) == (JobStatus.DEAD, later, None)
+    assert "lease expired" in dead.last_error
+    assert calls == [job_id]
+    assert [s["job_id"] for s in dead_signals] == [job_id]
+
+
+def test_reserved_but_not_started_row_goes_back_to_pending(targets: Any, t0: datetime) -> None:
+    """Not started means not sent: even an at-most-once row runs on the next worker."""
+    target = targets("ll.unstarted", lane="long")
+    job_id = put("ll.unstarted", t0)
+    assert [r.id for r in store.jobs_long_reserve("A", "tok", t0, 300, 10)] == [job_id]
+    b = long_worker("B")
+    assert b.run_once(t0 + 299 * SECOND) == 0
+    assert row(job_id).status == JobStatus.RUNNING
+    assert b.run_once(t0 + 301 * SECOND) == 1
+    assert [job.id for job in target.extra["calls"]] == [job_id]
+    assert not JobModel.objects.filter(id=job_id).exists()
+
+
+def test_worker_whose_claim_was_taken_over_cannot_finish(
+        targets: Any, t0: datetime, caplog: pytest.LogCaptureFixture) -> None:
+    """A stalls past its lease; B reclaims and runs the row (which fails and is retried);
+    A's late success matches nothing and is logged result=lost."""
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+    b = long_worker("B")
+    calls: list[int | None] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job.id)
+        if len(calls) == 1:  # A's run: stalls past its lease while B takes over
+            assert b.run_once(t0 + 301 * SECOND) == 1
+            return
+        raise ValueError("B's run fails")
+
+    targets("ll.stalled", handler=handler, lane="long", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    job_id = put("ll.stalled", t0)
+    a = long_worker("A")
+    assert a.run_once(t0) == 1
+    assert calls == [job_id, job_id]
+    kept = row(job_id)
+    assert (kept.status, kept.attempts, kept.claim_token) == (JobStatus.PENDING, 1, None)
+    results = [r.getMessage().rsplit("result=", 1)[1] for r in caplog.records
+               if r.getMessage().startswith("job run ")]
+    assert results == ["retry", "lost"]
+    assert a.in_hand() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_reservations_reserve_every_row_once(targets: Any, now: datetime) -> None:
+    targets("ll.many", lane="long")
+    ids = {put("ll.many", now) for _ in range(30)}
+
+    def drain(owner: str) -> Callable[[], list[int]]:
+        def run() -> list[int]:
+            got: list[int] = []
+            while rows := store.jobs_long_reserve(owner, uuid.uuid4().hex, now, 300, 4):
+                got += [r.id for r in rows]
+            return got
+
+        return run
+
+    first, second = race(drain("A"), drain("B"))
+    assert not set(first) & set(second)
+    assert len(first) + len(second) == 30
+    assert set(first) | set(second) == ids
+    assert JobModel.objects.filter(status=JobStatus.RUNNING, claim_token__isnull=False,
+                                   id__in=ids).count() == 30
+
+
+# -- exclusive targets --------------------------------------------------------------------------
+
+
+def test_exclusive_code_runs_once_at_a_time_and_other_codes_keep_running(
+        targets: Any, t0: datetime) -> None:
+    one = load_settings({"LONG_BATCH": 1}, environ={})
+    a, b = long_worker("A", one), long_worker("B")
+    order: list[str] = []
+    during: list[tuple[int, list[str]]] = []
+
+    def exclusive(job: Job) -> None:
+        order.append(f"x{job.id}")
+        if len(order) == 1:  # the first slot runs long; B polls meanwhile
+            handed = b.run_once(t0 + MINUTE)
+            during.append((handed, list(JobModel.objects.filter(
+                target="ll.excl").order_by("id").values_list("status", flat=True))))
+
+    targets("ll.excl", handler=exclusive, lane="long", exclusive=True)
+    targets("ll.other", handler=lambda job: order.append("other"), lane="long")
+    first = put("ll.excl", t0, code="report")
+    second = put("ll.excl", t0, code="report")
+    put("ll.other", t0)
+    assert a.run_once(t0) == 1
+    assert during == [(1, [JobStatus.RUNNING, JobStatus.PENDING])]
+    assert order == [f"x{first}", "other"]
+    assert row(second).status == JobStatus.PENDING
+    assert b.run_once(t0 + MINUTE) == 1
+    assert order == [f"x{first}", "other", f"x{second}"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_workers_never_run_one_exclusive_code_twice(targets: Any, now: datetime) -> None:
+    """Each worker reserves one row; both see a free code, the unique index refuses one."""
+    targets("ll.race", lane="long", exclusive=True)
+    for _ in range(4):
+        put("ll.race", now, code="nightly")
+    for _ in range(3):
+        got = race(*[lambda owner=owner: store.jobs_long_reserve(
+            owner, uuid.uuid4().hex, now, 300, 1, exclusive_targets=["ll.race"])
+            for owner in ("A", "B")])
+        reserved = [r.id for rows in got for r in rows]
+        running = list(JobModel.objects.filter(status=JobStatus.RUNNING).values_list(
+            "id", "running_code"))
+        assert len(reserved) == 1
+        assert running == [(reserved[0], "nightly")]
+        JobModel.objects.filter(id=reserved[0]).delete()  # that run finished
+
+
+# -- outcomes on the long lane ------------------------------------------------------------------
+
+
+def test_backoff_then_dead_at_the_targets_max_attempts(targets: Any, t0: datetime,
+                                                       dead_signals: list[dict[str, Any]]
+                                                       ) -> None:
+    def fail(job: Job) -> None:
+        raise ValueError("report failed")
+
+    targets("ll.retry", handler=fail, lane="long", max_attempts=3, retry_delays=[60, 120])
+    job_id = put("ll.retry", t0)
+    lane = long_worker("A")
+    at = t0
+    for attempt, delay in ((1, 60), (2, 120)):
+        assert lane.run_once(at) == 1
+        failed = row(job_id)
+        assert (failed.status, failed.attempts, failed.next_run_at) == (
+            JobStatus.PENDING, attempt, at + timedelta(seconds=delay))
+        assert (failed.claim_token, failed.lease_until, failed.started_at) == (None, None, None)
+        assert lane.run_once(at + timedelta(seconds=delay) - SECOND) == 0
+        at += timedelta(seconds=delay)
+    assert lane.run_once(at) == 1
+    dead = row(job_id)
+    assert (dead.status, dead.attempts, dead.closed_at) == (JobStatus.DEAD, 3, at)
+    assert [s["job_id"] for s in dead_signals] == [job_id]
+
+
+def test_unreachable_releases_the_claim_keeps_attempts_and_pauses(targets: Any,
+                                                                  t0: datetime) -> None:
+    calls: list[int | None] = []
+
+    def down(job: Job) -> None:
+        calls.append(job.id)
+        raise TargetUnreachable("service down")
+
+    targets("ll.down", handler=down, lane="long")
+    job_id = put("ll.down", t0)
+    lane = long_worker("A")
+    assert lane.run_once(t0) == 1
+    released = row(job_id)
+    assert (released.status, released.attempts) == (JobStatus.PENDING, 0)
+    assert (released.claim_token, released.claimed_by, released.lease_until,
+            released.running_code) == (None, None, None, None)
+    assert TargetPause.objects.get(target="ll.down").paused_until == t0 + 30 * SECOND
+    assert lane.run_once(t0 + 10 * SECOND) == 0
+    assert row(job_id).status == JobStatus.PENDING
+    assert lane.run_once(t0 + 31 * SECOND) == 1  # one probe after PROBE_S
+    assert calls == [job_id, job_id]

@@ -1,0 +1,224 @@
+"""The outcome table of SPEC §5 (seed 000 §5), on both lanes: one code path decides what
+a handler's result does to its row.
+
+Each test runs on the fast lane and on the long lane, with a fixed decision time and a
+fake monotonic clock so written times are exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobs_engine import conf, store
+from jobs_engine.enqueueing import enqueue
+from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.fast_lane import FastLane
+from jobs_engine.leases import PartitionLeases
+from jobs_engine.long_lane import LongLane
+from jobs_engine.models import Job as JobModel
+from jobs_engine.models import TargetPause
+from jobs_engine.pauses import PauseGate
+from jobs_engine.registry import Job
+from jobs_engine.signals import job_dead
+from jobs_engine.states import DeliveryMode, JobStatus
+
+pytestmark = pytest.mark.django_db
+
+SECOND = timedelta(seconds=1)
+LANES = ["fast", "long"]
+MODES = [DeliveryMode.AT_MOST_ONCE, DeliveryMode.AT_LEAST_ONCE]
+
+
+class FakeMonotonic:
+    def __init__(self, start: float = 1000.0) -> None:
+        self.value = start
+
+    def __call__(self) -> float:
+        return self.value
+
+
+def poller(lane: str) -> Callable[[datetime], int]:
+    """One worker of ``lane``: a function that polls once at the given time."""
+    settings = conf.jobs_settings()
+    worker_id = f"{lane}-{uuid.uuid4().hex[:6]}"
+    clock = FakeMonotonic()
+    pauses = PauseGate(worker_id, settings)
+    if lane == "long":
+        return LongLane(worker_id, settings, pauses, threads=False, monotonic=clock).run_once
+    leases = PartitionLeases(worker_id, settings, monotonic=clock)
+    fast = FastLane(worker_id, settings, leases, pauses, monotonic=clock)
+    store.partitions_seed(settings.PARTITIONS)
+
+    def poll(at: datetime) -> int:
+        leases.heartbeat(at)
+        return fast.run_once(at)
+
+    return poll
+
+
+@pytest.fixture
+def t0(now: datetime) -> datetime:
+    return now
+
+
+@pytest.fixture
+def dead_signals() -> Iterator[list[dict[str, Any]]]:
+    got: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        got.append(kwargs)
+
+    job_dead.connect(receiver, weak=False, dispatch_uid="test_outcomes")
+    yield got
+    job_dead.disconnect(dispatch_uid="test_outcomes")
+
+
+@pytest.fixture
+def run_one(targets: Any, t0: datetime) -> Callable[..., JobModel | None]:
+    """``run_one(lane, handler, **target_kwargs)``: register a target, enqueue one row due
+    at ``t0``, poll once at ``t0`` and return the row afterwards (None once deleted)."""
+
+    def run(lane: str, handler: Callable[[Job], None], **kwargs: Any) -> JobModel | None:
+        name = f"oc.{lane}.{uuid.uuid4().hex[:6]}"
+        targets(name, handler=handler, lane=lane, **kwargs)
+        result = enqueue(name, {"n": 1}, dedupe_key=f"{name}:1", run_at=t0)
+        assert poller(lane)(t0) == 1
+        return JobModel.objects.filter(id=result.job_id).first()
+
+    return run
+
+
+def raises(exc: BaseException) -> Callable[[Job], None]:
+    def handler(job: Job) -> None:
+        raise exc
+
+    return handler
+
+
+def paused(target: str) -> TargetPause | None:
+    return TargetPause.objects.filter(target=target).first()
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_returns_deletes_the_row(run_one: Any, lane: str) -> None:
+    assert run_one(lane, lambda job: None) is None
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_answered_failure_spends_an_attempt_and_waits(run_one: Any, lane: str,
+                                                      t0: datetime) -> None:
+    after = run_one(lane, raises(ValueError("boom")))
+    assert (after.status, after.attempts, after.next_run_at, after.last_error) == (
+        JobStatus.PENDING, 1, t0 + 60 * SECOND, "ValueError: boom")
+    assert (after.claim_token, after.lease_until) == (None, None)
+    assert paused(after.target) is None
+
+
+@pytest.mark.parametrize("lane", LANES)
+@pytest.mark.parametrize("mode", MODES)
+def test_unreachable_keeps_the_row_and_pauses_the_target(run_one: Any, lane: str,
+                                                         mode: DeliveryMode,
+                                                         t0: datetime) -> None:
+    after = run_one(lane, raises(TargetUnreachable("refused")), delivery_mode=mode)
+    assert (after.status, after.attempts, after.next_run_at) == (JobStatus.PENDING, 0, t0)
+    assert (after.claim_token, after.lease_until, after.closed_at) == (None, None, None)
+    pause = paused(after.target)
+    assert pause is not None and pause.paused_until == t0 + 30 * SECOND
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_outcome_unknown_at_most_once_is_dead_at_once_and_pauses(
+        run_one: Any, lane: str, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
+    after = run_one(lane, raises(TargetOutcomeUnknown("no answer")))
+    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 0, t0)
+    assert after.last_error == "TargetOutcomeUnknown: no answer"
+    assert paused(after.target) is not None
+    assert [s["job_id"] for s in dead_signals] == [after.id]
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_outcome_unknown_with_target_up_is_dead_without_pause(
+        run_one: Any, lane: str, dead_signals: list[dict[str, Any]]) -> None:
+    after = run_one(lane, raises(TargetOutcomeUnknown("request timed out", target_up=True)))
+    assert (after.status, after.attempts) == (JobStatus.DEAD, 0)
+    assert paused(after.target) is None
+    assert [s["job_id"] for s in dead_signals] == [after.id]
+
+
+@pytest.mark.parametrize("lane", LANES)
+@pytest.mark.parametrize("target_up", [False, True])
+def test_outcome_unknown_at_least_once_is_kept_and_pauses(
+        run_one: Any, lane: str, target_up: bool, t0: datetime,
+        dead_signals: list[dict[str, Any]]) -> None:
+    after = run_one(lane, raises(TargetOutcomeUnknown("no answer", target_up=target_up)),
+                    delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    assert (after.status, after.attempts, after.next_run_at) == (JobStatus.PENDING, 0, t0)
+    assert paused(after.target) is not None
+    assert dead_signals == []
+
+
+@pytest.mark.parametrize("lane", LANES)
+@pytest.mark.parametrize("mode", MODES)
+def test_dead_now_is_dead_at_once_without_spending_an_attempt(
+        run_one: Any, lane: str, mode: DeliveryMode, t0: datetime,
+        dead_signals: list[dict[str, Any]]) -> None:
+    after = run_one(lane, raises(DeadNow("invalid record")), delivery_mode=mode)
+    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 0, t0)
+    assert after.last_error == "DeadNow: invalid record"
+    assert paused(after.target) is None
+    assert [s["job_id"] for s in dead_signals] == [after.id]
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_dead_at_max_attempts_cuts_error_signals_once_and_alerts(
+        run_one: Any, lane: str, t0: datetime, dead_signals: list[dict[str, Any]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+    after = run_one(lane, raises(RuntimeError("x" * 5000)), max_attempts=1)
+    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 1, t0)
+    assert len(after.last_error) == store.LAST_ERROR_LIMIT == 2000
+    assert after.last_error.startswith("RuntimeError: xxx")
+    assert len(dead_signals) == 1
+    assert dead_signals[0]["job_id"] == after.id
+    assert dead_signals[0]["target"] == after.target
+    alerts = [r for r in caplog.records if r.getMessage().startswith("job dead alert")]
+    assert [r.levelno for r in alerts] == [logging.ERROR]
+    assert f"id={after.id}" in alerts[0].getMessage()
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_every_run_logs_one_line_with_its_fields(run_one: Any, lane: str,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+    after = run_one(lane, raises(ValueError("boom")))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job run ")]
+    assert len(lines) == 1
+    name = after.target
+    assert re.fullmatch(rf"job run code={name} target={name} dedupe_key={name}:1 attempts=1 "
+                        r"duration_ms=\d+\.\d result=retry", lines[0])
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_write_that_matches_nothing_is_logged_lost_and_raises_no_alert(
+        run_one: Any, lane: str, dead_signals: list[dict[str, Any]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The row changed under the handler (an admin cancelled it): the outcome is not
+    written, and no DEAD alert is raised for a row this run no longer owns."""
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+
+    def cancelled_meanwhile(job: Job) -> None:
+        JobModel.objects.filter(id=job.id).delete()
+        raise DeadNow("too late")
+
+    assert run_one(lane, cancelled_meanwhile) is None
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job run ")]
+    assert len(lines) == 1 and lines[0].endswith("result=lost")
+    assert dead_signals == []
+    assert not [r for r in caplog.records if r.getMessage().startswith("job dead alert")]
