@@ -81,8 +81,10 @@ def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]
 
 class FastLane:
     def __init__(self, worker_id: str, settings: JobsSettings, leases: PartitionLeases,
-                 pauses: PauseGate, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 pauses: PauseGate, monotonic: Callable[[], float] = time.monotonic,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
         self.worker_id = worker_id
+        self.should_stop = should_stop
         self.settings = settings
         self.leases = leases
         self.pauses = pauses
@@ -128,16 +130,16 @@ class FastLane:
             target = targets[send[0].target]
             if send[0].target in paused:
                 continue  # the rest of a paused target's batch waits; other targets go on
+            if self.should_stop():
+                break  # shutting down: rows not handed stay PENDING for the next owner
             if not self.leases.trusted(partition):
                 break  # self-fencing: the lease may be gone, send nothing more
-            inflight += [row.id for row in send]
-            if not store.partition_mark_inflight_if_leased(partition, self.worker_id, clock(),
-                                                           inflight, token):
-                logger.warning("partition lease lost before send partition=%s worker=%s",
-                               partition, self.worker_id)
-                self.leases.drop(partition)
-                inflight = inflight[: -len(send)]
+            send = self._mark_inflight(partition, send, inflight, token, clock)
+            if send is None:
                 break
+            if not send:
+                continue
+            inflight += [row.id for row in send]
             sent = self._send(target, send, clock)
             results += sent
             for result in sent:
@@ -151,6 +153,27 @@ class FastLane:
         if inflight:
             store.partition_clear_inflight(partition, token)
         return len(results)
+
+    def _mark_inflight(self, partition: int, send: list[store.JobRow], inflight: list[int],
+                       token: str, clock: Callable[[], datetime]) -> list[store.JobRow] | None:
+        """Mark ``send`` in flight; returns the rows to hand (rows closed meanwhile, e.g.
+        by a takeover or an admin, are left out), or None when the lease is lost."""
+        for _ in range(2):
+            pairs = [(row.id, row.attempts) for row in send]
+            if store.partition_mark_inflight_if_leased(
+                    partition, self.worker_id, clock(), [*inflight, *(r.id for r in send)],
+                    token, pairs):
+                return send
+            pending = store.jobs_still_pending(pairs)
+            if len(pending) == len(send):
+                break  # every row is fine: the lease is what failed
+            send = [row for row in send if row.id in pending]
+            if not send:
+                return []
+        logger.warning("partition lease lost before send partition=%s worker=%s",
+                       partition, self.worker_id)
+        self.leases.drop(partition)
+        return None
 
     def _send(self, target: Target | None, send: list[store.JobRow],
               clock: Callable[[], datetime]) -> list[RunResult]:

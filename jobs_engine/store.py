@@ -333,19 +333,39 @@ def partitions_release_owned(owner: str) -> int:
                     [owner])
 
 
-def partition_mark_inflight_if_leased(
-    partition: int, owner: str, now: datetime, job_ids: Sequence[int], token: str
-) -> bool:
-    """Record the rows about to be handed to the target, under a fresh token.
+def _pairs(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+    """``(VALUES (%s, %s), ...)`` of (id, attempts) pairs for a row-value IN."""
+    return (f"(VALUES {', '.join(['(%s, %s)'] * len(rows))})",
+            [value for pair in rows for value in pair])
 
-    Guarded on a live lease held by ``owner``: False means the lease is gone and the
-    caller must send nothing more of this partition.
+
+def partition_mark_inflight_if_leased(
+    partition: int, owner: str, now: datetime, inflight_ids: Sequence[int], token: str,
+    sending: Sequence[tuple[int, int]],
+) -> bool:
+    """Record the rows about to be handed to the target, under the batch's token.
+
+    ``inflight_ids`` is every row handed in this batch so far, ``sending`` the (id,
+    attempts) of the rows about to go. Guarded on a live lease held by ``owner`` and on
+    every row of ``sending`` still being PENDING as read (a takeover or an admin may have
+    closed one). False: send none of them; ``jobs_still_pending`` tells which case it was.
     """
+    pairs, pair_params = _pairs(sending)
     return _execute(
         f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb()}, inflight_token = %s "
-        "WHERE partition = %s AND owner = %s AND lease_until > %s",
-        [_json_param(list(job_ids)), token, partition, owner, _dt(now)],
+        "WHERE partition = %s AND owner = %s AND lease_until > %s "
+        f"AND (SELECT COUNT(*) FROM {JOBS} WHERE status = %s AND (id, attempts) IN {pairs}) = %s",
+        [_json_param(list(inflight_ids)), token, partition, owner, _dt(now), _PENDING,
+         *pair_params, len(sending)],
     ) == 1
+
+
+def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
+    """Ids of the (id, attempts) rows that are still PENDING as read."""
+    pairs, params = _pairs(rows)
+    return {row[0] for row in _fetch(
+        f"SELECT id FROM {JOBS} WHERE status = %s AND (id, attempts) IN {pairs}",
+        [_PENDING, *params])}
 
 
 def partition_clear_inflight(partition: int, token: str) -> None:
@@ -556,10 +576,9 @@ def jobs_delete_succeeded(guard: Guard, rows: Sequence[tuple[int, int]]) -> int:
         return 0
     if guard.lane is Lane.FAST:
         # One statement for the whole send: the per-row attempts guard becomes a row-value IN.
-        pairs = ", ".join(["(%s, %s)"] * len(rows))
-        params = [value for pair in rows for value in pair]
-        return _execute(f"DELETE FROM {JOBS} WHERE status = %s AND (id, attempts) IN "
-                        f"(VALUES {pairs})", [_PENDING, *params])
+        pairs, params = _pairs(rows)
+        return _execute(f"DELETE FROM {JOBS} WHERE status = %s AND (id, attempts) IN {pairs}",
+                        [_PENDING, *params])
     clause, params = _in("id", [job_id for job_id, _ in rows])
     return _execute(f"DELETE FROM {JOBS} WHERE {clause} AND status = %s AND claim_token = %s",
                     [*params, _RUNNING, guard.token])

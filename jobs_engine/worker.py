@@ -98,7 +98,8 @@ class WorkerProcess:
         self.worker_id = new_worker_id()
         self.pauses = PauseGate(self.worker_id, self.settings)
         self.leases = PartitionLeases(self.worker_id, self.settings, lanes=",".join(sorted(lanes)))
-        self.fast = FastLane(self.worker_id, self.settings, self.leases, self.pauses)
+        self.fast = FastLane(self.worker_id, self.settings, self.leases, self.pauses,
+                             should_stop=lambda: self.wakeup is not None and self.wakeup.stopping)
         self.long = LongLane(self.worker_id, self.settings, self.pauses) if LONG in lanes else None
         self.services: list[Callable[[], float]] = []  # extra loops (schedules) -> next delay
         self.wakeup: Wakeup | None = None

@@ -653,3 +653,48 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
     assert Partition.objects.get(partition=30).inflight_ids == []
     assert crashed == [closed]
     assert [s["job_id"] for s in dead_signals] == [closed]  # none from the takeover
+
+
+# -- rows closed mid-batch, stop requests ---------------------------------------------------
+
+
+def test_a_row_closed_mid_batch_is_not_sent_while_the_lease_holds(targets: Any,
+                                                                    t0: datetime) -> None:
+    """Seed: "a row was closed by a takeover while this pod still holds the lease → not
+    send it". Here an admin closes the second row while the first is being sent."""
+    sent: list[int] = []
+    closed: list[int] = []
+
+    def handler(job: Job) -> None:
+        sent.append(job.id)
+        if not closed:  # while the batch is under way, another row of it goes DEAD
+            closed.append(next(i for i in ids if i != job.id))
+            JobModel.objects.filter(id=closed[0]).update(status="DEAD")
+
+    targets("fl.closed", handler=handler)  # at-most-once, per row: one row per send
+    ids = [put("fl.closed", t0, payload=n) for n in range(3)]
+    worker = make_worker("A")
+    assert worker.run(t0) == 2
+    assert sorted(sent) == sorted(set(ids) - set(closed))
+    assert row(closed[0]).status == "DEAD"
+    assert worker.leases.held(), "the lease was not lost: only the closed row was left out"
+
+
+def test_a_stop_request_ends_the_batch_between_sends(targets: Any, t0: datetime) -> None:
+    """SIGTERM finishes the row in hand, not the whole batch: rows not handed stay
+    PENDING and out of the in-flight mark, so a takeover never judges them."""
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def handler(job: Job) -> None:
+        sent.append(job.id)
+        stop.set()  # the signal arrives during the first send
+
+    targets("fl.stop", handler=handler)
+    ids = [put("fl.stop", t0, payload=n) for n in range(3)]
+    worker = make_worker("A")
+    worker.lane.should_stop = stop.is_set
+    assert worker.run(t0) == 1
+    assert len(sent) == 1
+    assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(set(ids) - set(sent))
+    assert all(p.inflight_token is None for p in Partition.objects.all())

@@ -1,0 +1,141 @@
+"""Targets run by the real worker processes of ``tests/process``.
+
+Each handler appends what it did to a file per process (``<pid>.log`` in
+``$JOBS_TEST_OUT_DIR``), one line written, flushed and fsynced per event, so a record
+survives a SIGKILL that lands right after it. A line is
+``event job_id target key version partition owner unix_time``: ``start`` when the
+handler is entered (that is the send), ``end`` when it returns. Fast-lane handlers also
+record the partition's owner read from the database at the start of the send, so a test
+can prove that nobody sends a row of a partition it does not own.
+
+Payload ``{"sleep": s}`` makes a handler slow so a signal can land mid-send.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.apps import AppConfig
+
+if TYPE_CHECKING:
+    from jobs_engine.registry import Job
+
+OUT_DIR_ENV = "JOBS_TEST_OUT_DIR"
+
+FAST_AT_MOST_ONCE = "proc:am"
+FAST_AT_LEAST_ONCE = "proc:al"
+LONG_AT_MOST_ONCE = "proc:long-am"
+LONG_AT_LEAST_ONCE = "proc:long-al"
+NAMES = (FAST_AT_MOST_ONCE, FAST_AT_LEAST_ONCE, LONG_AT_MOST_ONCE, LONG_AT_LEAST_ONCE)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One line of a handler's record file."""
+
+    pid: int
+    event: str
+    job_id: int
+    target: str
+    key: str | None
+    version: int
+    partition: int
+    owner: str | None
+    at: float
+
+    @classmethod
+    def parse(cls, pid: int, line: str) -> Record:
+        event, job_id, target, key, version, partition, owner, at = line.split()
+        return cls(pid, event, int(job_id), target, None if key == "-" else key, int(version),
+                   int(partition), None if owner == "-" else owner, float(at))
+
+
+def read_records(out_dir: Path, pid: int) -> list[Record]:
+    """Every complete line one process wrote (a line cut by a kill is ignored)."""
+    path = out_dir / f"{pid}.log"
+    if not path.exists():
+        return []
+    text = path.read_text()
+    return [Record.parse(pid, line) for line in text.splitlines(keepends=True)
+            if line.endswith("\n")]
+
+
+def _write(event: str, job: Job, partition: int, owner: str | None) -> None:
+    line = (f"{event} {job.id} {job.target} {job.key or '-'} {job.version} {partition} "
+            f"{owner or '-'} {time.time():.6f}\n")
+    path = Path(os.environ[OUT_DIR_ENV]) / f"{os.getpid()}.log"
+    with open(path, "a") as fh:  # O_APPEND: lines of handler threads never interleave
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _partition(job: Job) -> int:
+    from jobs_engine.conf import jobs_settings
+    from jobs_engine.enqueueing import partition_for
+
+    return partition_for(job.key, job.dedupe_key, jobs_settings().PARTITIONS)
+
+
+def _owner(partition: int) -> str | None:
+    from django.db import connection
+
+    from jobs_engine.models import Partition
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT owner FROM {Partition._meta.db_table} WHERE partition = %s",
+                       [partition])
+        row = cursor.fetchone()
+    return row[0] if row else None
+
+
+def _sleep(job: Job) -> None:
+    time.sleep(float((job.payload or {}).get("sleep", 0)))
+
+
+def fast_handler(job: Job) -> None:
+    """A fast-lane send: record the owner seen at the start, maybe sleep, record the end."""
+    partition = _partition(job)
+    _write("start", job, partition, _owner(partition))
+    _sleep(job)
+    _write("end", job, partition, None)
+
+
+def long_handler(job: Job) -> None:
+    """A long-lane run (in a pool thread): record start and end around the sleep."""
+    partition = _partition(job)
+    _write("start", job, partition, None)
+    _sleep(job)
+    _write("end", job, partition, None)
+
+
+def register() -> None:
+    """Register the four targets (idempotent: the pytest process registers them too)."""
+    from jobs_engine import DeliveryMode, Lane, register_target
+    from jobs_engine.registry import all_targets
+
+    if FAST_AT_MOST_ONCE in {t.name for t in all_targets()}:
+        return
+    register_target(FAST_AT_MOST_ONCE, fast_handler, lane=Lane.FAST,
+                    delivery_mode=DeliveryMode.AT_MOST_ONCE)
+    register_target(FAST_AT_LEAST_ONCE, fast_handler, lane=Lane.FAST,
+                    delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    register_target(LONG_AT_MOST_ONCE, long_handler, lane=Lane.LONG,
+                    delivery_mode=DeliveryMode.AT_MOST_ONCE)
+    register_target(LONG_AT_LEAST_ONCE, long_handler, lane=Lane.LONG,
+                    delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+
+
+class WorkerTargetsConfig(AppConfig):
+    """Installed only by ``tests.process.settings``: the worker processes' targets."""
+
+    name = "tests.process"
+    label = "process_worker_targets"
+    verbose_name = "Process-test targets"
+
+    def ready(self) -> None:
+        register()
