@@ -58,3 +58,18 @@ def jobs_settings(settings: Any) -> Callable[..., JobsSettings]:
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def dead_signals() -> Iterator[list[dict[str, Any]]]:
+    """Every ``job_dead`` signal sent during the test, as its keyword arguments."""
+    from jobs_engine.signals import job_dead
+
+    got: list[dict[str, Any]] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        got.append(kwargs)
+
+    job_dead.connect(receiver, weak=False, dispatch_uid="tests.dead_signals")
+    yield got
+    job_dead.disconnect(dispatch_uid="tests.dead_signals")

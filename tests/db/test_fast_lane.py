@@ -12,13 +12,12 @@ import logging
 import re
 import threading
 import uuid
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from jobs_engine import conf, store
 from jobs_engine.conf import JobsSettings, load_settings
@@ -32,6 +31,7 @@ from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Job
 from jobs_engine.signals import job_dead
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
+from tests.helpers import FakeMonotonic, race
 
 pytestmark = pytest.mark.django_db
 
@@ -41,19 +41,6 @@ SECOND = timedelta(seconds=1)
 class Crash(BaseException):
     """Aborts a poll the way a killed process would: the fast lane catches only
     ``Exception``, so nothing after the handler call runs."""
-
-
-class FakeMonotonic:
-    """A monotonic clock that moves only when the test moves it."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.value = start
-
-    def __call__(self) -> float:
-        return self.value
-
-    def advance(self, seconds: float) -> None:
-        self.value += seconds
 
 
 @dataclass
@@ -112,49 +99,12 @@ def raising(exc: BaseException, calls: list[Job]) -> Callable[[Job], None]:
     return handler
 
 
-def race(*steps: Callable[[], Any]) -> list[Any]:
-    """Run ``steps`` at the same moment in threads (PostgreSQL) or in turn (SQLite)."""
-    if connection.vendor != "postgresql":
-        return [step() for step in steps]
-    barrier = threading.Barrier(len(steps))
-    results: list[Any] = [None] * len(steps)
-    errors: list[BaseException] = []
-
-    def run(index: int, step: Callable[[], Any]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            results[index] = step()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, step)) for i, step in enumerate(steps)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not any(thread.is_alive() for thread in threads)
-    if errors:
-        raise errors[0]
-    return results
-
 
 @pytest.fixture
 def t0(now: datetime) -> datetime:
     return now
 
 
-@pytest.fixture
-def dead_signals() -> Iterator[list[dict[str, Any]]]:
-    got: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        got.append(kwargs)
-
-    job_dead.connect(receiver, weak=False, dispatch_uid="test_fast_lane")
-    yield got
-    job_dead.disconnect(dispatch_uid="test_fast_lane")
 
 
 # -- batches -----------------------------------------------------------------------------------

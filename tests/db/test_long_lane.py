@@ -9,14 +9,12 @@ Concurrent reservations run in real threads on PostgreSQL and in turn on SQLite.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, load_settings
@@ -27,8 +25,8 @@ from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Job
-from jobs_engine.signals import job_dead
 from jobs_engine.states import DeliveryMode, JobStatus
+from tests.helpers import FakeMonotonic, race
 
 pytestmark = pytest.mark.django_db
 
@@ -39,14 +37,6 @@ SETTINGS = load_settings({}, environ={})
 
 class Crash(BaseException):
     """Stands for the worker process dying mid-run: nothing after the handler runs."""
-
-
-class FakeMonotonic:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.value = start
-
-    def __call__(self) -> float:
-        return self.value
 
 
 def long_worker(name: str, settings: JobsSettings = SETTINGS) -> LongLane:
@@ -65,49 +55,12 @@ def row(job_id: int) -> JobModel:
     return JobModel.objects.get(id=job_id)
 
 
-def race(*steps: Callable[[], Any]) -> list[Any]:
-    """Run ``steps`` at the same moment in threads (PostgreSQL) or in turn (SQLite)."""
-    if connection.vendor != "postgresql":
-        return [step() for step in steps]
-    barrier = threading.Barrier(len(steps))
-    results: list[Any] = [None] * len(steps)
-    errors: list[BaseException] = []
-
-    def run(index: int, step: Callable[[], Any]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            results[index] = step()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, step)) for i, step in enumerate(steps)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not any(thread.is_alive() for thread in threads)
-    if errors:
-        raise errors[0]
-    return results
-
 
 @pytest.fixture
 def t0(now: datetime) -> datetime:
     return now
 
 
-@pytest.fixture
-def dead_signals() -> Iterator[list[dict[str, Any]]]:
-    got: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        got.append(kwargs)
-
-    job_dead.connect(receiver, weak=False, dispatch_uid="test_long_lane")
-    yield got
-    job_dead.disconnect(dispatch_uid="test_long_lane")
 
 
 # -- reserve and renew -------------------------------------------------------------------------

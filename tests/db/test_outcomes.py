@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,22 +26,14 @@ from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Job
-from jobs_engine.signals import job_dead
 from jobs_engine.states import DeliveryMode, JobStatus
+from tests.helpers import FakeMonotonic
 
 pytestmark = pytest.mark.django_db
 
 SECOND = timedelta(seconds=1)
 LANES = ["fast", "long"]
 MODES = [DeliveryMode.AT_MOST_ONCE, DeliveryMode.AT_LEAST_ONCE]
-
-
-class FakeMonotonic:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.value = start
-
-    def __call__(self) -> float:
-        return self.value
 
 
 def poller(lane: str) -> Callable[[datetime], int]:
@@ -68,16 +60,6 @@ def t0(now: datetime) -> datetime:
     return now
 
 
-@pytest.fixture
-def dead_signals() -> Iterator[list[dict[str, Any]]]:
-    got: list[dict[str, Any]] = []
-
-    def receiver(sender: Any, **kwargs: Any) -> None:
-        got.append(kwargs)
-
-    job_dead.connect(receiver, weak=False, dispatch_uid="test_outcomes")
-    yield got
-    job_dead.disconnect(dispatch_uid="test_outcomes")
 
 
 @pytest.fixture

@@ -8,32 +8,22 @@ process is the supported mode) the same steps run one after the other.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 import pytest
-from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.leases import PartitionLeases, fair_share, new_worker_id
 from jobs_engine.models import Partition, Worker
+from tests.helpers import FakeMonotonic, race
 
 pytestmark = pytest.mark.django_db
 
 SECOND = timedelta(seconds=1)
 SETTINGS = load_settings({}, environ={})
-
-
-class FakeMonotonic:
-    def __init__(self, start: float = 1000.0) -> None:
-        self.value = start
-
-    def __call__(self) -> float:
-        return self.value
 
 
 def worker(name: str, settings: JobsSettings = SETTINGS) -> PartitionLeases:
@@ -47,33 +37,6 @@ def owners() -> dict[str, set[int]]:
         found.setdefault(owner, set()).add(number)
     return found
 
-
-def race(*steps: Callable[[], Any]) -> list[Any]:
-    """Run ``steps`` at the same moment in threads (PostgreSQL) or in turn (SQLite)."""
-    if connection.vendor != "postgresql":
-        return [step() for step in steps]
-    barrier = threading.Barrier(len(steps))
-    results: list[Any] = [None] * len(steps)
-    errors: list[BaseException] = []
-
-    def run(index: int, step: Callable[[], Any]) -> None:
-        try:
-            barrier.wait(timeout=10)
-            results[index] = step()
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, step)) for i, step in enumerate(steps)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
-    assert not any(thread.is_alive() for thread in threads)
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.fixture
