@@ -30,7 +30,7 @@ from jobs_engine.pauses import PauseGate
 
 logger = logging.getLogger("jobs_engine")
 
-FAST, LONG, SCHEDULES = "fast", "long", "schedules"
+FAST, LONG = "fast", "long"
 
 
 def next_poll_delay(handled: int, idle_polls: int, settings: JobsSettings) -> float:
