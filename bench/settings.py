@@ -1,0 +1,13 @@
+"""Settings of the bench processes (the driver and the worker subprocesses).
+
+The project settings plus the bench app, whose ``ready()`` registers the bench targets,
+so ``manage.py run_fast_lane`` started with ``DJANGO_SETTINGS_MODULE=bench.settings``
+can run them.
+"""
+
+from __future__ import annotations
+
+from config.settings import *  # noqa: F403
+from config.settings import INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "bench.apps.BenchConfig"]

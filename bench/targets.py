@@ -1,0 +1,65 @@
+"""The bench targets: no-op handlers of each kind, and a latency probe.
+
+The latency handler appends ``<dedupe_key> <time.time()>`` to the file named by the
+``BENCH_LAT_FILE`` environment variable first thing, so the driver can pair it with the
+moment its enqueue call returned.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+from jobs_engine import registry
+from jobs_engine.registry import Job
+from jobs_engine.states import DeliveryMode, Lane
+
+AT_MOST_ONCE = "bench.noop_at_most_once"
+AT_LEAST_ONCE = "bench.noop_at_least_once"
+BATCH = "bench.noop_batch"
+LONG = "bench.long_noop"
+LONG_EXCLUSIVE = "bench.long_exclusive"  # never enqueued: puts the exclusive clause in the plan
+LATENCY = "bench.latency"
+
+LAT_FILE_ENV = "BENCH_LAT_FILE"
+
+# Fast-lane D1 kinds: table label -> target name.
+FAST_KINDS = {
+    "at-most-once per-row": AT_MOST_ONCE,
+    "at-least-once per-row": AT_LEAST_ONCE,
+    "batch_handler": BATCH,
+}
+
+
+def noop(job: Job) -> None:
+    """The no-op handler of D1."""
+
+
+def noop_batch(jobs: Sequence[Job]) -> list[BaseException | None]:
+    return [None] * len(jobs)
+
+
+def record_start(job: Job) -> None:
+    """Latency probe: the handler's start time, written where the driver reads it."""
+    started = time.time()
+    path = os.environ.get(LAT_FILE_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{job.dedupe_key} {started!r}\n")
+
+
+def register() -> None:
+    """Register every bench target (idempotent: the driver may call it again)."""
+    specs = [
+        (AT_MOST_ONCE, noop, {"lane": Lane.FAST}),
+        (AT_LEAST_ONCE, noop, {"lane": Lane.FAST, "delivery_mode": DeliveryMode.AT_LEAST_ONCE}),
+        (BATCH, noop, {"lane": Lane.FAST, "batch_handler": noop_batch}),
+        (LONG, noop, {"lane": Lane.LONG}),
+        (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
+        (LATENCY, record_start, {"lane": Lane.FAST}),
+    ]
+    known = {t.name for t in registry.all_targets()}
+    for name, handler, kwargs in specs:
+        if name not in known:
+            registry.register_target(name, handler, **kwargs)
