@@ -117,10 +117,9 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
         if not target.lossy and row.dedupe_key not in seen:
             seen.add(row.dedupe_key)
             durable.append(row)
-    inserted: dict[str, int] = {}
-    if durable:
-        with transaction.atomic(using=using):
-            inserted = store.jobs_insert_many(durable, timezone.now(), using)
+    # One statement: atomic on its own in autocommit, part of the caller's transaction
+    # inside one (no savepoint needed, ON CONFLICT cannot fail it).
+    inserted = store.jobs_insert_many(durable, timezone.now(), using) if durable else {}
     existing: dict[str, int] = {}
     missing = [row.dedupe_key for row in durable if row.dedupe_key not in inserted]
     if missing:
@@ -159,8 +158,7 @@ def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | No
 def next_version(key: str, using: str | None = None) -> int:
     """The next version of ``key`` (1, 2, ...), atomic inside the caller's transaction."""
     _check_text("key", key, _COLUMN_KEY_LENGTH)
-    with transaction.atomic(using=using):
-        return store.version_counter_next(key, using)
+    return store.version_counter_next(key, using)  # one upsert: atomic on its own
 
 
 # -- lossy targets: one try after commit, dropped on failure ----------------------------------

@@ -98,82 +98,86 @@ class FastLane:
         now = now or store.db_now()
         started = self._monotonic()
 
-        def clock() -> datetime:  # the database clock, advanced locally during the batch
+        def clock() -> datetime:  # the database clock, advanced locally during the poll
             return now + timedelta(seconds=self._monotonic() - started)
 
         gate = self.pauses.check(now, Lane.FAST)
         rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, sorted(gate.skip))
         rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent rows stay PENDING
-        handed = 0
-        paused: set[str] = set()  # shared by every partition of this poll
-        for partition, group in groupby(sorted(rows, key=lambda r: (r.partition, r.id)),
-                                        key=lambda r: r.partition):
-            self.leases.busy.add(partition)
-            try:
-                handed += self._send_partition(partition, list(group), probes, clock, paused)
-            finally:
-                self.leases.busy.discard(partition)
-        return handed
+        if not rows:
+            return 0
+        partitions = {row.partition for row in rows}
+        self.leases.busy |= partitions
+        try:
+            return self._send_poll(rows, probes, clock)
+        finally:
+            self.leases.busy -= partitions
 
-    def _send_partition(self, partition: int, rows: list[store.JobRow], probes: frozenset[str],
-                        clock: Callable[[], datetime], paused: set[str]) -> int:
+    def _send_poll(self, rows: list[store.JobRow], probes: frozenset[str],
+                   clock: Callable[[], datetime]) -> int:
         targets: dict[str, Target | None] = {}
         for row in rows:
             try:
                 targets[row.target] = get_target(row.target)
             except UnknownTarget:
                 targets[row.target] = None
-        token = uuid.uuid4().hex
-        inflight: list[int] = []
+        token = uuid.uuid4().hex  # one per poll: outcomes and the final clear carry it
+        inflight: dict[int, list[int]] = {}
         results: list[RunResult] = []
+        paused: set[str] = set()
         for send in sends_of(rows, targets):
-            target = targets[send[0].target]
             if send[0].target in paused:
-                continue  # the rest of a paused target's batch waits; other targets go on
+                continue  # the rest of a paused target's rows wait; other targets go on
             if self.should_stop():
                 break  # shutting down: rows not handed stay PENDING for the next owner
-            if not self.leases.trusted(partition):
-                break  # self-fencing: the lease may be gone, send nothing more
-            send = self._mark_inflight(partition, send, inflight, token, clock)
-            if send is None:
-                break
+            # Self-fencing: nothing more of a partition whose lease may be gone.
+            send = [row for row in send if self.leases.trusted(row.partition)]
+            send = self._mark_inflight(send, inflight, token, clock)
             if not send:
                 continue
-            inflight += [row.id for row in send]
-            sent = self._send(target, send, clock)
+            sent = self._send(targets[send[0].target], send, clock)
             results += sent
-            for result in sent:
-                if result.outcome.pause_target:
-                    paused.add(result.row.target)
+            paused |= {result.row.target for result in sent if result.outcome.pause_target}
         if results:
-            now = clock()
-            record(store.Guard(Lane.FAST, token), results, now, self.settings)
+            record(store.Guard(Lane.FAST, token), results, clock(), self.settings)
             for target_name in probes & {r.row.target for r in results} - paused:
                 self.pauses.probe_answered(target_name)
         if inflight:
-            store.partition_clear_inflight(partition, token)
+            store.partitions_clear_inflight(token)
         return len(results)
 
-    def _mark_inflight(self, partition: int, send: list[store.JobRow], inflight: list[int],
-                       token: str, clock: Callable[[], datetime]) -> list[store.JobRow] | None:
-        """Mark ``send`` in flight; returns the rows to hand (rows closed meanwhile, e.g.
-        by a takeover or an admin, are left out), or None when the lease is lost."""
+    def _mark_inflight(self, send: list[store.JobRow], inflight: dict[int, list[int]],
+                       token: str, clock: Callable[[], datetime]) -> list[store.JobRow]:
+        """Mark ``send`` in flight in one statement; returns the rows to hand.
+
+        Rows of a partition whose lease is lost are dropped with the partition; rows
+        closed meanwhile (a takeover, an admin) are left out and the rest marked again.
+        """
+        handed: list[store.JobRow] = []
         for _ in range(2):
-            pairs = [(row.id, row.attempts) for row in send]
-            if store.partition_mark_inflight_if_leased(
-                    partition, self.worker_id, clock(), [*inflight, *(r.id for r in send)],
-                    token, pairs):
-                return send
-            pending = store.jobs_still_pending(pairs)
-            if len(pending) == len(send):
-                break  # every row is fine: the lease is what failed
-            send = [row for row in send if row.id in pending]
             if not send:
-                return []
-        logger.warning("partition lease lost before send partition=%s worker=%s",
-                       partition, self.worker_id)
-        self.leases.drop(partition)
-        return None
+                break
+            wanted: dict[int, list[int]] = {}
+            for row in send:
+                wanted.setdefault(row.partition, list(inflight.get(row.partition, [])))
+                wanted[row.partition].append(row.id)
+            marked = store.partitions_mark_inflight_if_leased(
+                self.worker_id, clock(), wanted, token,
+                [(row.partition, row.id, row.attempts) for row in send])
+            for partition in marked:
+                inflight[partition] = wanted[partition]
+            handed += [row for row in send if row.partition in marked]
+            refused = [row for row in send if row.partition not in marked]
+            if not refused:
+                break
+            pending = store.jobs_still_pending([(row.id, row.attempts) for row in refused])
+            closed_in = {row.partition for row in refused if row.id not in pending}
+            for partition in {row.partition for row in refused} - closed_in:
+                logger.warning("partition lease lost before send partition=%s worker=%s",
+                               partition, self.worker_id)
+                self.leases.drop(partition)
+            send = [row for row in refused if row.partition in closed_in and row.id in pending]
+        return handed
 
     def _send(self, target: Target | None, send: list[store.JobRow],
               clock: Callable[[], datetime]) -> list[RunResult]:

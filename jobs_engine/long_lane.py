@@ -32,8 +32,10 @@ logger = logging.getLogger("jobs_engine")
 
 class LongLane:
     def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
-                 threads: bool = True, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 threads: bool = True, monotonic: Callable[[], float] = time.monotonic,
+                 on_row_done: Callable[[], None] = lambda: None) -> None:
         self.worker_id = worker_id
+        self.on_row_done = on_row_done  # a slot came free: the worker polls again at once
         self.settings = settings
         self.pauses = pauses
         self._monotonic = monotonic
@@ -115,6 +117,7 @@ class LongLane:
         finally:
             with self._lock:
                 self._in_hand.pop(row.id, None)
+            self.on_row_done()
 
     def renew(self, now: datetime | None = None) -> int:
         """Heartbeat: extend the leases of rows in hand; returns how many were renewed."""

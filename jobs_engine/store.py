@@ -13,7 +13,7 @@ NOTIFY, array parameters) are handled here and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -103,6 +103,12 @@ def _in(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
     return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 
 
+def _values(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
+    """``VALUES (%s, ...), ...`` of equal-length tuples, with their parameters."""
+    row = f"({', '.join(['%s'] * len(rows[0]))})"
+    return f"VALUES {', '.join([row] * len(rows))}", [value for r in rows for value in r]
+
+
 def _not_in(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
     if not values:
         return "1 = 1", []
@@ -127,6 +133,7 @@ def _json_param(value: Any) -> str:
 
 
 def _jsonb(placeholder: str = "%s", using: str | None = None) -> str:
+    """A JSON value for a jsonb column (PostgreSQL needs the cast, SQLite stores text)."""
     return f"{placeholder}::jsonb" if is_postgres(using) else placeholder
 
 
@@ -181,35 +188,44 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     """
     if not rows:
         return {}
-    postgres = is_postgres(using)
-    jsonb = _jsonb(using=using)
-    # PostgreSQL stamps rows with its own clock; SQLite shares the process clock anyway.
-    run_at = "COALESCE(%s::timestamptz, now())" if postgres else "%s"
-    stamp_sql = "now()" if postgres else "%s"
-    values_sql = (f"(%s, %s, %s, %s, %s, %s, {jsonb}, {jsonb}, %s, %s, %s, 0, {run_at}, '', %s, "
-                  f"{jsonb}, {stamp_sql}, {stamp_sql})")
-    params: list[Any] = []
-    stamp = _dt(now, using)
-    for row in rows:
-        params += [
-            row.code, row.target, row.lane, row.key, row.partition, row.version,
-            row.payload_json, _json_param(row.headers), row.dedupe_key, _PENDING,
-            row.delivery_mode, _dt(row.run_at if postgres else row.run_at or now, using),
-            row.trace_id, _json_param(row.actor) if row.actor is not None else None,
+    columns = ("code, target, lane, key, partition, version, payload, headers, dedupe_key, "
+               "status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
+               "created_at, updated_at")
+    returning = "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane"
+    actors = [_json_param(row.actor) if row.actor is not None else None for row in rows]
+    if is_postgres(using):
+        # One array per column: the statement text is the same for any batch size, and
+        # the rows are stamped with the database's clock. One NOTIFY per lane.
+        sql = (
+            f"WITH inserted AS (INSERT INTO {JOBS} ({columns}) "
+            "SELECT code, target, lane, key, partition, version, payload::jsonb, "
+            f"headers::jsonb, dedupe_key, '{_PENDING}', delivery_mode, 0, "
+            "COALESCE(run_at, now()), '', trace_id, actor::jsonb, now(), now() FROM unnest("
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::smallint[], %s::bigint[], "
+            "%s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::text[], "
+            "%s::text[]) AS u(code, target, lane, key, partition, version, payload, headers, "
+            f"dedupe_key, delivery_mode, run_at, trace_id, actor) {returning}), "
+            f"notified AS (SELECT pg_notify('{NOTIFY_CHANNEL}', lane) "
+            "FROM (SELECT DISTINCT lane FROM inserted) AS lanes) "
+            "SELECT id, dedupe_key, (SELECT COUNT(*) FROM notified) FROM inserted"
+        )
+        params: list[Any] = [
+            [row.code for row in rows], [row.target for row in rows],
+            [row.lane for row in rows], [row.key for row in rows],
+            [row.partition for row in rows], [row.version for row in rows],
+            [row.payload_json for row in rows], [_json_param(row.headers) for row in rows],
+            [row.dedupe_key for row in rows], [row.delivery_mode for row in rows],
+            [row.run_at for row in rows], [row.trace_id for row in rows], actors,
         ]
-        if not postgres:
-            params += [stamp, stamp]
-    insert = (
-        f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
-        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
-        f"created_at, updated_at) VALUES {', '.join([values_sql] * len(rows))} "
-        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane"
-    )
-    if postgres:
-        sql = (f"WITH inserted AS ({insert}) "
-               f"SELECT id, dedupe_key, pg_notify('{NOTIFY_CHANNEL}', lane) FROM inserted")
     else:
-        sql = insert
+        stamp = _dt(now, using)
+        values, params = _values([
+            (row.code, row.target, row.lane, row.key, row.partition, row.version,
+             row.payload_json, _json_param(row.headers), row.dedupe_key, _PENDING,
+             row.delivery_mode, 0, _dt(row.run_at or now, using), "", row.trace_id, actor,
+             stamp, stamp)
+            for row, actor in zip(rows, actors, strict=True)])
+        sql = f"INSERT INTO {JOBS} ({columns}) {values} {returning}"
     return {dedupe_key: job_id for job_id, dedupe_key, _ in _fetch(sql, params, using)}
 
 
@@ -333,45 +349,52 @@ def partitions_release_owned(owner: str) -> int:
                     [owner])
 
 
-def _pairs(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
-    """``(VALUES (%s, %s), ...)`` of (id, attempts) pairs for a row-value IN."""
-    return (f"(VALUES {', '.join(['(%s, %s)'] * len(rows))})",
-            [value for pair in rows for value in pair])
+def partitions_mark_inflight_if_leased(
+    owner: str, now: datetime, inflight: Mapping[int, Sequence[int]], token: str,
+    sending: Sequence[tuple[int, int, int]],
+) -> set[int]:
+    """Record rows about to be handed to a target in their partitions' in-flight marks,
+    under the poll's token, in one statement for every partition of the send.
 
-
-def partition_mark_inflight_if_leased(
-    partition: int, owner: str, now: datetime, inflight_ids: Sequence[int], token: str,
-    sending: Sequence[tuple[int, int]],
-) -> bool:
-    """Record the rows about to be handed to the target, under the batch's token.
-
-    ``inflight_ids`` is every row handed in this batch so far, ``sending`` the (id,
-    attempts) of the rows about to go. Guarded on a live lease held by ``owner`` and on
-    every row of ``sending`` still being PENDING as read (a takeover or an admin may have
-    closed one). False: send none of them; ``jobs_still_pending`` tells which case it was.
+    ``inflight`` maps each partition of the send to every row handed in this poll so far
+    plus the rows about to go; ``sending`` is those rows as (partition, id, attempts).
+    A partition is marked only while ``owner`` holds a live lease on it and every row of
+    it in ``sending`` is still PENDING as read (a takeover or an admin may have closed
+    one). Returns the partitions marked; for the others send nothing, and
+    ``jobs_still_pending`` tells a lost lease from a closed row.
     """
-    pairs, pair_params = _pairs(sending)
-    return _execute(
-        f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb()}, inflight_token = %s "
-        "WHERE partition = %s AND owner = %s AND lease_until > %s "
-        f"AND (SELECT COUNT(*) FROM {JOBS} WHERE status = %s AND (id, attempts) IN {pairs}) = %s",
-        [_json_param(list(inflight_ids)), token, partition, owner, _dt(now), _PENDING,
-         *pair_params, len(sending)],
-    ) == 1
+    counts: dict[int, int] = {}
+    for partition, _, _ in sending:
+        counts[partition] = counts.get(partition, 0) + 1
+    marks, mark_params = _values([(p, _json_param(list(inflight[p])), n)
+                                  for p, n in counts.items()])
+    pairs, pair_params = _values([(job_id, attempts) for _, job_id, attempts in sending])
+    rows = _fetch(
+        f"WITH mark(partition, ids, n) AS ({marks}), "
+        f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
+        f"WHERE status = %s AND (id, attempts) IN ({pairs}) GROUP BY partition) "
+        f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb('mark.ids')}, inflight_token = %s "
+        "FROM mark JOIN live ON live.partition = mark.partition AND live.n = mark.n "
+        f"WHERE {PARTITIONS}.partition = mark.partition AND {PARTITIONS}.owner = %s "
+        f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition",
+        [*mark_params, _PENDING, *pair_params, token, owner, _dt(now)],
+    )
+    return {row[0] for row in rows}
 
 
 def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
     """Ids of the (id, attempts) rows that are still PENDING as read."""
-    pairs, params = _pairs(rows)
+    pairs, params = _values(rows)
     return {row[0] for row in _fetch(
-        f"SELECT id FROM {JOBS} WHERE status = %s AND (id, attempts) IN {pairs}",
+        f"SELECT id FROM {JOBS} WHERE status = %s AND (id, attempts) IN ({pairs})",
         [_PENDING, *params])}
 
 
-def partition_clear_inflight(partition: int, token: str) -> None:
+def partitions_clear_inflight(token: str) -> None:
+    """Clear the in-flight marks a poll made (its outcomes are written)."""
     _execute(
         f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb()}, inflight_token = NULL "
-        "WHERE partition = %s AND inflight_token = %s", ["[]", partition, token],
+        "WHERE inflight_token = %s", ["[]", token],
     )
 
 
@@ -404,7 +427,9 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
         )
         closed = [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in rows]
     if taken.inflight_token:
-        partition_clear_inflight(taken.partition, taken.inflight_token)
+        _execute(f"UPDATE {PARTITIONS} SET inflight_ids = {_jsonb()}, inflight_token = NULL "
+                 "WHERE partition = %s AND inflight_token = %s",
+                 ["[]", taken.partition, taken.inflight_token])
     return closed
 
 
@@ -576,8 +601,8 @@ def jobs_delete_succeeded(guard: Guard, rows: Sequence[tuple[int, int]]) -> int:
         return 0
     if guard.lane is Lane.FAST:
         # One statement for the whole send: the per-row attempts guard becomes a row-value IN.
-        pairs, params = _pairs(rows)
-        return _execute(f"DELETE FROM {JOBS} WHERE status = %s AND (id, attempts) IN {pairs}",
+        pairs, params = _values(rows)
+        return _execute(f"DELETE FROM {JOBS} WHERE status = %s AND (id, attempts) IN ({pairs})",
                         [_PENDING, *params])
     clause, params = _in("id", [job_id for job_id, _ in rows])
     return _execute(f"DELETE FROM {JOBS} WHERE {clause} AND status = %s AND claim_token = %s",

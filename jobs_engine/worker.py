@@ -8,6 +8,7 @@ delete the liveness row, exit 0.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -43,10 +44,15 @@ def next_poll_delay(handled: int, idle_polls: int, settings: JobsSettings) -> fl
 
 
 class Wakeup:
-    """Sleeps until the next poll, woken early by a NOTIFY (PostgreSQL) or a stop."""
+    """Sleeps until the next poll, woken early by a NOTIFY (PostgreSQL), a poke (a
+    long-lane slot came free) or a stop request. A self-pipe makes pokes and signals
+    interrupt the wait at once."""
 
     def __init__(self, listen: bool) -> None:
         self._stop = threading.Event()
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._read_fd, False)
+        os.set_blocking(self._write_fd, False)
         self._listener: Any = None
         if listen and store.is_postgres():
             import psycopg
@@ -57,8 +63,14 @@ class Wakeup:
             self._listener = psycopg.connect(**params, autocommit=True)
             self._listener.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
 
+    def poke(self) -> None:
+        # A full pipe already means "wake up"; a closed one, shutting down.
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, b"!")
+
     def stop(self) -> None:
         self._stop.set()
+        self.poke()
 
     @property
     def stopping(self) -> bool:
@@ -67,28 +79,23 @@ class Wakeup:
     def wait(self, seconds: float) -> None:
         if seconds <= 0 or self._stop.is_set():
             return
-        if self._listener is None:
-            self._stop.wait(seconds)
-            return
-        deadline = time.monotonic() + seconds
-        # Short slices keep a stop request prompt even while blocked on the socket.
-        while not self._stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            ready, _, _ = select.select([self._listener.fileno()], [], [], min(remaining, 0.5))
-            if ready:
-                self._drain()
-                return
-
-    def _drain(self) -> None:
-        gen = self._listener.notifies(timeout=0)
-        for _ in gen:
-            pass
+        fds = [self._read_fd]
+        if self._listener is not None:
+            fds.append(self._listener.fileno())
+        ready, _, _ = select.select(fds, [], [], seconds)
+        if self._read_fd in ready:
+            with contextlib.suppress(BlockingIOError):
+                while os.read(self._read_fd, 4096):
+                    pass
+        if self._listener is not None and self._listener.fileno() in ready:
+            for _ in self._listener.notifies(timeout=0):
+                pass
 
     def close(self) -> None:
         if self._listener is not None:
             self._listener.close()
+        os.close(self._read_fd)
+        os.close(self._write_fd)
 
 
 class WorkerProcess:
@@ -100,11 +107,16 @@ class WorkerProcess:
         self.leases = PartitionLeases(self.worker_id, self.settings, lanes=",".join(sorted(lanes)))
         self.fast = FastLane(self.worker_id, self.settings, self.leases, self.pauses,
                              should_stop=lambda: self.wakeup is not None and self.wakeup.stopping)
-        self.long = LongLane(self.worker_id, self.settings, self.pauses) if LONG in lanes else None
+        self.long = (LongLane(self.worker_id, self.settings, self.pauses,
+                              on_row_done=self._poke) if LONG in lanes else None)
         self.services: list[Callable[[], float]] = []  # extra loops (schedules) -> next delay
         self.wakeup: Wakeup | None = None
         self._heartbeat_ok_until = 0.0
         self._stop_beats = threading.Event()
+
+    def _poke(self) -> None:
+        if self.wakeup is not None:
+            self.wakeup.poke()
 
     # -- lifecycle ------------------------------------------------------------------------
 

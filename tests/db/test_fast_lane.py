@@ -18,6 +18,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from jobs_engine import conf, store
 from jobs_engine.conf import JobsSettings, load_settings
@@ -449,8 +451,9 @@ def test_every_run_logs_one_line(targets: Any, t0: datetime,
     assert any(re.match(pattern.format("fl.bad", "bad-1", 1, "retry"), line) for line in lines)
 
 
-def test_batch_handler_gets_all_rows_of_a_partition_in_one_call(targets: Any,
-                                                               t0: datetime) -> None:
+def test_batch_handler_gets_all_rows_of_a_poll_in_one_call(targets: Any, t0: datetime) -> None:
+    """One send spans partitions: one in-flight statement marks them all, the handler
+    gets every row of the poll at once, and each row's own result is its outcome."""
     batches: list[list[int | None]] = []
 
     def batch_handler(jobs: Any) -> list[BaseException | None]:
@@ -461,8 +464,11 @@ def test_batch_handler_gets_all_rows_of_a_partition_in_one_call(targets: Any,
             delivery_mode=DeliveryMode.AT_MOST_ONCE)
     in_p = [put("fl.batched", t0, key=key) for key in keys_in({11}, 5, "p")]
     in_q = [put("fl.batched", t0, key=key) for key in keys_in({12}, 2, "q")]
-    assert make_worker("A").run(t0) == 7
-    assert sorted(sorted(batch) for batch in batches) == sorted([in_p, in_q])
+    with CaptureQueriesContext(connection) as queries:
+        assert make_worker("A").run(t0) == 7
+    assert [sorted(batch) for batch in batches] == [sorted(in_p + in_q)]
+    marks = [q for q in queries if "SET inflight_ids" in q["sql"] and "mark(" in q["sql"]]
+    assert len(marks) == 1
     failed = {batch[1] for batch in batches}
     assert set(JobModel.objects.values_list("id", flat=True)) == failed
     assert all(row(i).attempts == 1 for i in failed)  # type: ignore[arg-type]
@@ -648,3 +654,19 @@ def test_a_stop_request_ends_the_batch_between_sends(targets: Any, t0: datetime)
     assert len(sent) == 1
     assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(set(ids) - set(sent))
     assert all(p.inflight_token is None for p in Partition.objects.all())
+
+
+def test_one_send_over_partitions_skips_only_the_partition_whose_lease_is_gone(
+        targets: Any, t0: datetime) -> None:
+    """A send spanning partitions is marked in one statement; a partition taken over
+    meanwhile refuses its part, its rows are not handed, and the rest go out."""
+    target = targets("fl.split", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    worker = make_worker("A")
+    worker.leases.heartbeat(t0)
+    kept = [put("fl.split", t0, key=key) for key in keys_in({3}, 2, "kept")]
+    lost = [put("fl.split", t0, key=key) for key in keys_in({4}, 2, "lost")]
+    Partition.objects.filter(partition=4).update(owner="B-elsewhere")  # A still trusts it
+    assert worker.lane.run_once(t0) == 2
+    assert sorted(job.id for job in target.extra["calls"]) == sorted(kept)
+    assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(lost)
+    assert 4 not in worker.leases.held() and 3 in worker.leases.held()

@@ -179,16 +179,17 @@ def test_sigkill_mid_send_takeover_judges_in_flight_rows_by_delivery_mode(
     first, last = victim_parts[0], victim_parts[-1]
     survivor_part = min(p for p, owner in settled.items() if owner != victim_id)
 
-    # The victim sends its lowest partition first: the at-least-once rows in one send
-    # ("proc:al" sorts before "proc:am"), then the slow at-most-once rows one by one.
-    # One commit, so the victim reads every row in one poll and marks them in one batch.
+    # One commit, so the victim reads every row in one poll. Its at-least-once rows of
+    # both partitions go in one send ("proc:al" sorts before "proc:am"), marked in flight
+    # in both partitions at once; then the slow at-most-once rows one by one.
     all_ids = enqueue_items(
         rows_in(first, FAST_AT_LEAST_ONCE, 3, "k2", sleep=0.2)
         + rows_in(first, FAST_AT_MOST_ONCE, 3, "k2", sleep=1.0)
         + rows_in(last, FAST_AT_LEAST_ONCE, 2, "k2") + rows_in(last, FAST_AT_MOST_ONCE, 2, "k2")
         + rows_in(survivor_part, FAST_AT_LEAST_ONCE, 2, "k2")
         + rows_in(survivor_part, FAST_AT_MOST_ONCE, 2, "k2"))
-    first_al, first_am, later, elsewhere = all_ids[:3], all_ids[3:6], all_ids[6:10], all_ids[10:]
+    first_al, first_am, elsewhere = all_ids[:3], all_ids[3:6], all_ids[10:]
+    later_al, later_am = all_ids[6:8], all_ids[8:10]
 
     wait_until(lambda: starts(victim.records(), first_am[1]), 15,
                "the victim to start the second at-most-once row")
@@ -199,7 +200,8 @@ def test_sigkill_mid_send_takeover_judges_in_flight_rows_by_delivery_mode(
     # Frozen until the lease runs out: what the dead process had in flight, and its leases.
     inflight = set(Partition.objects.get(partition=first).inflight_ids)
     assert inflight == set(first_al) | set(first_am[:2])
-    assert Job.objects.filter(id__in=later, status=JobStatus.PENDING).count() == 4
+    assert set(Partition.objects.get(partition=last).inflight_ids) == set(later_al)
+    assert Job.objects.filter(id__in=later_al + later_am, status=JobStatus.PENDING).count() == 4
     old_leases = dict(Partition.objects.filter(partition__in=victim_parts)
                       .values_list("partition", "lease_until"))
     assert set(old_leases) == set(victim_parts) and all(old_leases.values())
@@ -243,11 +245,11 @@ def test_sigkill_mid_send_takeover_judges_in_flight_rows_by_delivery_mode(
         assert job.closed_at is not None
         assert len(starts(records, job.id)) == 1 and starts(records, job.id)[0].pid == victim.pid
     # At-least-once rows in flight: sent by the victim, then again by a survivor.
-    for job_id in first_al:
+    for job_id in first_al + later_al:
         assert starts(records, job_id)[0].pid == victim.pid
         assert ends(survivor_records, job_id), f"at-least-once row {job_id} was not resent"
     # Rows never started stay PENDING through the takeover: each sent exactly once.
-    for job_id in [first_am[2], *later, *elsewhere]:
+    for job_id in [first_am[2], *later_am, *elsewhere]:
         assert len(starts(records, job_id)) == 1, starts(records, job_id)
         assert len(ends(records, job_id)) == 1
     # Nothing lost: every job is delivered (row deleted) or DEAD with a reason.
