@@ -27,7 +27,7 @@ from jobs_engine.errors import UnknownTarget
 from jobs_engine.leases import PartitionLeases
 from jobs_engine.outcomes import RunResult, judge, record
 from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job, Target, get_target
+from jobs_engine.registry import Job, Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -102,7 +102,10 @@ class FastLane:
             return now + timedelta(seconds=self._monotonic() - started)
 
         gate = self.pauses.check(now, Lane.FAST)
-        rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, sorted(gate.skip))
+        # Only targets registered here: another release's rows wait for its own workers.
+        readable = sorted(t.name for t in all_targets()
+                          if t.lane is Lane.FAST and not t.lossy and t.name not in gate.skip)
+        rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, readable)
         rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent rows stay PENDING
         if not rows:
             return 0

@@ -61,10 +61,12 @@ class LongLane:
             return 0
         gate = self.pauses.check(now, Lane.LONG)
         token = uuid.uuid4().hex
-        exclusive = [t.name for t in all_targets() if t.exclusive and t.lane is Lane.LONG]
+        # Only targets registered here: another release's rows wait for its own workers.
+        mine = [t for t in all_targets() if t.lane is Lane.LONG and not t.lossy]
         rows = store.jobs_long_reserve(
             self.worker_id, token, now, self.settings.LONG_LEASE_S, free,
-            exclusive_targets=exclusive, skip_targets=sorted(gate.skip),
+            exclusive_targets=[t.name for t in mine if t.exclusive],
+            targets=sorted(t.name for t in mine if t.name not in gate.skip),
         )
         rows, give_back, probes = self.pauses.probe_rows(rows, gate, now)
         for row in give_back:

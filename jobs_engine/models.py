@@ -48,9 +48,12 @@ class Job(models.Model):
 
     class Meta:
         indexes = [
-            # Both lanes' poll: due PENDING rows in run order.
+            # Long lane reserve: due PENDING rows in run order.
             models.Index(fields=["lane", "next_run_at", "id"], condition=PENDING,
                          name="jobs_pending_due"),
+            # Fast lane poll: due rows of one target in run order.
+            models.Index(fields=["target", "next_run_at", "id"],
+                         condition=PENDING & Q(lane=Lane.FAST), name="jobs_fast_pending_due"),
             # Fast lane key hold: is there an earlier PENDING row of this key?
             models.Index(fields=["partition", "target", "key", "version", "id"],
                          condition=PENDING & Q(key__isnull=False), name="jobs_pending_key_order"),

@@ -18,7 +18,7 @@ from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.registry import Target
 from jobs_engine.signals import job_dead
-from jobs_engine.states import DeliveryMode
+from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
 
@@ -124,6 +124,8 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             assert outcome.run_at is not None
             ok = store.job_retry_later(guard, row.id, row.attempts, outcome.run_at, outcome.error,
                                        now)
+            if ok and guard.lane is Lane.FAST and row.key is not None:
+                store.jobs_hold_key_until(row, outcome.run_at)
         elif kind is OutcomeKind.UNREACHABLE:
             ok = store.job_release_unchanged(guard, row.id, row.attempts, outcome.error, now)
         else:

@@ -109,12 +109,6 @@ def _values(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
     return f"VALUES {', '.join([row] * len(rows))}", [value for r in rows for value in r]
 
 
-def _not_in(column: str, values: Sequence[Any]) -> tuple[str, list[Any]]:
-    if not values:
-        return "1 = 1", []
-    return f"{column} NOT IN ({', '.join(['%s'] * len(values))})", list(values)
-
-
 def _fetch(sql: str, params: Sequence[Any] = (), using: str | None = None
            ) -> list[tuple[Any, ...]]:
     with _conn(using).cursor() as cursor:
@@ -437,30 +431,55 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
 
 
 def jobs_fast_due(
-    partitions: Sequence[int], now: datetime, limit: int, skip_targets: Sequence[str] = ()
+    partitions: Sequence[int], now: datetime, limit: int, targets: Sequence[str]
 ) -> list[JobRow]:
-    """Due PENDING fast-lane rows of the given partitions, each the head of its key.
+    """Due PENDING fast-lane rows of ``targets`` in the given partitions, each the head of
+    its key, in run order.
 
     A row is the head when no PENDING row of the same target and key comes before it in
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
-    the later versions of its key. DEAD rows hold nothing. Index-backed: the scan walks
-    ``jobs_pending_due`` in run order and each hold test is one probe of
-    ``jobs_pending_key_order``, so the cost does not grow with the backlog.
+    the later versions of its key (``jobs_hold_key_until`` moves those out of the way).
+    DEAD rows hold nothing. Index-backed: one scan of ``jobs_fast_pending_due`` per
+    target, so a paused target's backlog is never walked, and each hold test is one
+    probe of ``jobs_pending_key_order``.
     """
+    if not targets or not partitions:
+        return []
     part_clause, part_params = _in("j.partition", partitions)
-    skip_clause, skip_params = _not_in("j.target", skip_targets)
-    sql = (
-        f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))} FROM {JOBS} j "
-        "WHERE j.lane = %s AND j.status = %s AND j.next_run_at <= %s "
-        f"AND {part_clause} AND {skip_clause} "
+    columns = ", ".join(c.strip() for c in _JOB_COLUMNS.split(","))
+    per_target = (
+        f"SELECT * FROM (SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))}, "
+        "j.next_run_at "
+        f"FROM {JOBS} j WHERE j.lane = %s AND j.status = %s AND j.target = %s "
+        f"AND j.next_run_at <= %s AND {part_clause} "
         "AND (j.key IS NULL OR NOT EXISTS ("
         f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
         "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
         "AND (e.version < j.version OR (e.version = j.version AND e.id < j.id)))) "
-        "ORDER BY j.next_run_at, j.id LIMIT %s"
+        "ORDER BY j.next_run_at, j.id LIMIT %s) AS t{n}"
     )
-    params = [Lane.FAST.value, _PENDING, _dt(now), *part_params, *skip_params, _PENDING, limit]
-    return [_job_row(row) for row in _fetch(sql, params)]
+    sql = (f"SELECT {columns} FROM ("
+           + " UNION ALL ".join(per_target.format(n=n) for n in range(len(targets)))
+           + ") AS due ORDER BY next_run_at, id LIMIT %s")
+    params: list[Any] = []
+    for target in targets:
+        params += [Lane.FAST.value, _PENDING, target, _dt(now), *part_params, _PENDING, limit]
+    return [_job_row(row) for row in _fetch(sql, [*params, limit])]
+
+
+def jobs_hold_key_until(row: JobRow, run_at: datetime) -> int:
+    """Move the later PENDING versions of a retrying row's key to its retry time.
+
+    They are held anyway (the row is the key's head); moving them keeps the poll's scan
+    from walking them again and again until then.
+    """
+    return _execute(
+        f"UPDATE {JOBS} SET next_run_at = %s WHERE status = %s AND partition = %s "
+        "AND target = %s AND key = %s AND (version > %s OR (version = %s AND id > %s)) "
+        "AND next_run_at < %s",
+        [_dt(run_at), _PENDING, row.partition, row.target, row.key, row.version, row.version,
+         row.id, _dt(run_at)],
+    )
 
 
 # -- long lane --------------------------------------------------------------------------------
@@ -499,26 +518,27 @@ def jobs_long_reserve(
     limit: int,
     *,
     exclusive_targets: Sequence[str] = (),
-    skip_targets: Sequence[str] = (),
+    targets: Sequence[str],
 ) -> list[JobRow]:
-    """Reserve up to ``limit`` due PENDING long-lane rows under ``token`` and a lease.
+    """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
+    and a lease.
 
     Rows of an exclusive target also take ``running_code = code``; the unique partial
     index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
     on any worker, and such a loser is simply not reserved.
     """
     lease_until = _dt(now + timedelta(seconds=lease_s))
-    skip_clause, skip_params = _not_in("j.target", skip_targets)
+    target_clause, target_params = _in("j.target", targets)
     excl_clause, excl_params = _in("j.target", exclusive_targets)
     lock = " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
     reserved: list[JobRow] = []
     with transaction.atomic():
         candidates = _fetch(
             f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
-            f"AND j.next_run_at <= %s AND {skip_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
+            f"AND j.next_run_at <= %s AND {target_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
             f"SELECT 1 FROM {JOBS} r WHERE r.status = %s AND r.running_code = j.code)) "
             f"ORDER BY j.next_run_at, j.id LIMIT %s{lock}",
-            [Lane.LONG.value, _PENDING, _dt(now), *skip_params, *excl_params, _RUNNING, limit],
+            [Lane.LONG.value, _PENDING, _dt(now), *target_params, *excl_params, _RUNNING, limit],
         )
         exclusive = set(exclusive_targets)
         plain_ids = [job_id for job_id, target, _ in candidates if target not in exclusive]

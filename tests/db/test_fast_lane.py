@@ -21,7 +21,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs_engine import conf, store
+from jobs_engine import conf, registry, store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.enqueueing import enqueue, enqueue_many, partition_for
 from jobs_engine.errors import DeadNow, TargetUnreachable
@@ -670,3 +670,46 @@ def test_one_send_over_partitions_skips_only_the_partition_whose_lease_is_gone(
     assert sorted(job.id for job in target.extra["calls"]) == sorted(kept)
     assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(lost)
     assert 4 not in worker.leases.held() and 3 in worker.leases.held()
+
+
+def test_a_retry_moves_the_later_versions_of_its_key_to_its_retry_time(
+        targets: Any, t0: datetime) -> None:
+    """Held rows leave the front of the run order, so polls do not walk them again and
+    again; they follow the head as soon as it is sent."""
+    failures = [ValueError("once")]
+    sent: list[int | None] = []
+
+    def handler(job: Job) -> None:
+        if job.key == "another-key":
+            return
+        sent.append(job.version)
+        if failures:
+            raise failures.pop()
+
+    targets("fl.push", handler=handler)
+    key = keys_in(range(64), 1, "push")[0]
+    ids = [put("fl.push", t0, key=key, version=v) for v in (1, 2, 3)]
+    other = put("fl.push", t0, key="another-key", version=1)
+    worker = make_worker("A")
+    assert worker.run(t0) == 2  # v1 fails, the other key goes
+    retry_at = row(ids[0]).next_run_at
+    assert retry_at == t0 + 60 * SECOND
+    assert [row(i).next_run_at for i in ids[1:]] == [retry_at, retry_at]
+    assert not JobModel.objects.filter(id=other).exists()
+    assert worker.run(t0 + 59 * SECOND) == 0
+    assert [worker.run(retry_at) for _ in range(3)] == [1, 1, 1]
+    assert sent == [1, 1, 2, 3]
+
+
+def test_rows_of_a_target_not_registered_here_are_left_for_its_own_workers(
+        targets: Any, t0: datetime) -> None:
+    """During a rolling deploy a new target's rows wait for workers that know it, instead
+    of burning their attempts on workers that do not."""
+    target = targets("fl.known")
+    targets("fl.new-release")
+    unknown = put("fl.new-release", t0)
+    registry.unregister_target("fl.new-release")  # this worker runs the older release
+    known = put("fl.known", t0)
+    assert make_worker("A").run(t0) == 1
+    assert [job.id for job in target.extra["calls"]] == [known]
+    assert (row(unknown).status, row(unknown).attempts) == ("PENDING", 0)

@@ -163,7 +163,8 @@ def test_reserved_but_not_started_row_goes_back_to_pending(targets: Any, t0: dat
     """Not started means not sent: even an at-most-once row runs on the next worker."""
     target = targets("ll.unstarted", lane="long")
     job_id = put("ll.unstarted", t0)
-    assert [r.id for r in store.jobs_long_reserve("A", "tok", t0, 300, 10)] == [job_id]
+    assert [r.id for r in store.jobs_long_reserve("A", "tok", t0, 300, 10,
+                                                           targets=["ll.unstarted"])] == [job_id]
     b = long_worker("B")
     assert b.run_once(t0 + 299 * SECOND) == 0
     assert row(job_id).status == JobStatus.RUNNING
@@ -208,7 +209,8 @@ def test_concurrent_reservations_reserve_every_row_once(targets: Any, now: datet
     def drain(owner: str) -> Callable[[], list[int]]:
         def run() -> list[int]:
             got: list[int] = []
-            while rows := store.jobs_long_reserve(owner, uuid.uuid4().hex, now, 300, 4):
+            while rows := store.jobs_long_reserve(owner, uuid.uuid4().hex, now, 300, 4,
+                                                 targets=["ll.many"]):
                 got += [r.id for r in rows]
             return got
 
@@ -260,7 +262,8 @@ def test_racing_workers_never_run_one_exclusive_code_twice(targets: Any, now: da
         put("ll.race", now, code="nightly")
     for _ in range(3):
         got = race(*[lambda owner=owner: store.jobs_long_reserve(
-            owner, uuid.uuid4().hex, now, 300, 1, exclusive_targets=["ll.race"])
+            owner, uuid.uuid4().hex, now, 300, 1, exclusive_targets=["ll.race"],
+            targets=["ll.race"])
             for owner in ("A", "B")])
         reserved = [r.id for rows in got for r in rows]
         running = list(JobModel.objects.filter(status=JobStatus.RUNNING).values_list(
