@@ -713,3 +713,23 @@ def test_rows_of_a_target_not_registered_here_are_left_for_its_own_workers(
     assert make_worker("A").run(t0) == 1
     assert [job.id for job in target.extra["calls"]] == [known]
     assert (row(unknown).status, row(unknown).attempts) == ("PENDING", 0)
+
+
+def test_a_row_enqueued_behind_a_retrying_head_starts_at_the_heads_retry_time(
+        targets: Any, t0: datetime) -> None:
+    """New versions of a key whose head waits for a retry are held anyway; they are born
+    at the head's run time so they never crowd the front of the poll's scan."""
+    failures = [ValueError("once")]
+
+    def handler(job: Job) -> None:
+        if failures:
+            raise failures.pop()
+
+    targets("fl.born-held", handler=handler)
+    head = put("fl.born-held", t0, key="k", version=1)
+    assert make_worker("A").run(t0) == 1
+    retry_at = row(head).next_run_at
+    later = enqueue("fl.born-held", None, key="k", version=2).job_id
+    unrelated = enqueue("fl.born-held", None, key="other", version=1).job_id
+    assert row(later).next_run_at == retry_at  # type: ignore[arg-type]
+    assert row(unrelated).next_run_at < retry_at  # type: ignore[arg-type]
