@@ -696,7 +696,7 @@ def phase_poll(o: Options) -> Metrics:
         "poll:long_ratio": big["long_ms"] / small["long_ms"],
         "poll:held_small": held_small["poll_ms"], "poll:held_big": held_big["poll_ms"],
         "poll:held_ratio": held_big["poll_ms"] / held_small["poll_ms"],
-        "poll:index_due": float(uses["jobs_pending_due"]),
+        "poll:index_due": float(uses["jobs_fast_pending_due"]),
         "poll:index_key": float(uses["jobs_pending_key_order"]),
         "poll:seq_scan": float(seq),
     }
