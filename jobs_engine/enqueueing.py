@@ -23,8 +23,7 @@ from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
 from jobs_engine.context import current_actor, current_trace_id, job_context
 from jobs_engine.errors import InvalidJob
-from jobs_engine.fast_lane import handler_job
-from jobs_engine.registry import Target, get_target
+from jobs_engine.registry import Job, Target, get_target
 
 logger = logging.getLogger("jobs_engine")
 
@@ -178,13 +177,12 @@ def _hand_off_lossy(target: Target, row: store.NewJob, settings: JobsSettings) -
 
 
 def _run_lossy(target: Target, row: store.NewJob) -> None:
-    job = store.JobRow(id=0, target=row.target, code=row.code, key=row.key, version=row.version,
-                       payload=json.loads(row.payload_json), headers=row.headers, attempts=0,
-                       trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor,
-                       partition=row.partition, delivery_mode=row.delivery_mode, created_at=None)
+    job = Job(id=None, target=row.target, code=row.code, key=row.key, version=row.version,
+              payload=json.loads(row.payload_json), headers=row.headers, attempts=0,
+              trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor)
     try:
         with job_context(row.trace_id, {"via": "system"}):
-            target.handler(handler_job(job))
+            target.handler(job)
     except Exception as exc:
         logger.warning("lossy job dropped target=%s dedupe_key=%s error=%r", target.name,
                        row.dedupe_key, exc)

@@ -22,46 +22,15 @@ from itertools import groupby
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.context import job_context
 from jobs_engine.errors import UnknownTarget
+from jobs_engine.handlers import call_batch_handler, call_handler
 from jobs_engine.leases import PartitionLeases
 from jobs_engine.outcomes import RunResult, judge, record
 from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job, Target, all_targets, get_target
+from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
-
-
-def handler_job(row: store.JobRow) -> Job:
-    return Job(id=row.id, target=row.target, code=row.code, key=row.key, version=row.version,
-               payload=row.payload, headers=row.headers, attempts=row.attempts,
-               trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor,
-               created_at=row.created_at)
-
-
-def call_handler(target: Target, row: store.JobRow) -> BaseException | None:
-    with job_context(row.trace_id, {"via": "system", "origin": row.actor}):
-        try:
-            target.handler(handler_job(row))
-        except Exception as exc:  # every failure is an outcome, never a crashed worker
-            return exc
-    return None
-
-
-def call_batch_handler(target: Target, rows: Sequence[store.JobRow]
-                       ) -> list[BaseException | None]:
-    assert target.batch_handler is not None
-    with job_context(rows[0].trace_id, {"via": "system"}):
-        try:
-            results = list(target.batch_handler([handler_job(row) for row in rows]))
-        except Exception as exc:
-            return [exc] * len(rows)
-    if len(results) != len(rows):
-        error = RuntimeError(f"batch handler of {target.name} returned {len(results)} results "
-                             f"for {len(rows)} jobs")
-        return [error] * len(rows)
-    return results
 
 
 def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]

@@ -21,7 +21,7 @@ from django.db import connection
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
-from jobs_engine.fast_lane import call_handler
+from jobs_engine.handlers import call_handler
 from jobs_engine.outcomes import RunResult, announce_closed, judge, record
 from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target

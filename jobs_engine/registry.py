@@ -53,8 +53,7 @@ class Target:
     max_attempts: int | None = None  # None: the JOBS MAX_ATTEMPTS setting
     retry_delays: tuple[float, ...] | None = None  # None: the JOBS RETRY_DELAYS setting
     batch_handler: BatchHandler | None = None
-    pausable: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
 
 
 _targets: dict[str, Target] = {}

@@ -1,0 +1,44 @@
+"""Calling a target's handler: what it sees of a row, and its failure as a value.
+
+Every exception a handler raises becomes an outcome (``outcomes.judge``), never a
+crashed worker; both lanes call handlers only through here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jobs_engine import store
+from jobs_engine.context import job_context
+from jobs_engine.registry import Job, Target
+
+
+def handler_job(row: store.JobRow) -> Job:
+    return Job(id=row.id, target=row.target, code=row.code, key=row.key, version=row.version,
+               payload=row.payload, headers=row.headers, attempts=row.attempts,
+               trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor,
+               created_at=row.created_at)
+
+
+def call_handler(target: Target, row: store.JobRow) -> BaseException | None:
+    with job_context(row.trace_id, {"via": "system", "origin": row.actor}):
+        try:
+            target.handler(handler_job(row))
+        except Exception as exc:  # every failure is an outcome, never a crashed worker
+            return exc
+    return None
+
+
+def call_batch_handler(target: Target, rows: Sequence[store.JobRow]
+                       ) -> list[BaseException | None]:
+    assert target.batch_handler is not None
+    with job_context(rows[0].trace_id, {"via": "system"}):
+        try:
+            results = list(target.batch_handler([handler_job(row) for row in rows]))
+        except Exception as exc:
+            return [exc] * len(rows)
+    if len(results) != len(rows):
+        error = RuntimeError(f"batch handler of {target.name} returned {len(results)} results "
+                             f"for {len(rows)} jobs")
+        return [error] * len(rows)
+    return results
