@@ -1,14 +1,15 @@
 """The fast lane: ordered sends from the partitions this worker holds.
 
-One ``run_once`` reads up to ``FAST_BATCH`` due rows (each the head of its key), and per
-partition hands them to their targets in *sends*. Before a send its rows are added to
-the partition's in-flight mark under the lease guard; outcomes are written when the
-partition's rows are done, so a crash at any point leaves every handed row judged by its
+One ``run_once`` reads up to ``FAST_BATCH`` due rows (each the head of its key) and hands
+them to their targets in *sends*. Before a send its rows join their partitions' in-flight
+marks, under the lease guard and under one token for the whole poll; outcomes are written
+after the poll's sends, so a crash at any point leaves every handed row judged by its
 delivery mode on takeover, and every row not handed still PENDING.
 
 A send is one row, except for targets with a batch handler and at-least-once targets
 (for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
-hand all their rows of the partition in one send, which is the route to speed.
+get all their rows of the poll in one send. So a poll costs a handful of statements, not a
+few per row, which is the route to speed.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ logger = logging.getLogger("jobs_engine")
 
 def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]
              ) -> list[list[store.JobRow]]:
-    """Split one partition's rows into sends (see the module docstring)."""
+    """Split a poll's rows into sends (see the module docstring)."""
     sends: list[list[store.JobRow]] = []
     for name, group in groupby(sorted(rows, key=lambda r: r.target), key=lambda r: r.target):
         group_rows = list(group)
