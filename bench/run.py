@@ -923,8 +923,9 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
     if "poll:index_due" in results:
         index_backed = (all(results["poll:index_due"]) and all(results["poll:index_key"])
                         and not any(results["poll:seq_scan"]))
-        out.append(f"- fast poll plan index-backed (jobs_fast_pending_due + jobs_pending_key_order, "
-                   f"no seq scan): {'yes' if index_backed else 'NO — see the plan'}")
+        out.append("- fast poll plan index-backed (jobs_fast_pending_due + "
+                   "jobs_pending_key_order, no seq scan): "
+                   f"{'yes' if index_backed else 'NO — see the plan'}")
     return "\n".join(out)
 
 
