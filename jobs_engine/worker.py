@@ -32,6 +32,19 @@ from jobs_engine.pauses import PauseGate
 logger = logging.getLogger("jobs_engine")
 
 FAST, LONG = "fast", "long"
+SCHEDULES = "schedules"  # served by a companion app through ``register_service``
+
+# A lane served by another app (``schedules``): the engine imports no such app; the app
+# registers a factory here from its ``ready()``. A worker running that lane calls the
+# factory once and then the returned callable on every loop; it answers the seconds
+# until it wants to run again.
+ServiceFactory = Callable[["WorkerProcess"], Callable[[], float]]
+_service_factories: dict[str, ServiceFactory] = {}
+
+
+def register_service(lane: str, factory: ServiceFactory) -> None:
+    """Serve ``lane`` in worker processes that run it (a repeat call replaces the factory)."""
+    _service_factories[lane] = factory
 
 
 def next_poll_delay(handled: int, idle_polls: int, settings: JobsSettings) -> float:
@@ -110,6 +123,11 @@ class WorkerProcess:
         self.long = (LongLane(self.worker_id, self.settings, self.pauses,
                               on_row_done=self._poke) if LONG in lanes else None)
         self.services: list[Callable[[], float]] = []  # extra loops (schedules) -> next delay
+        for lane in sorted(lanes - {FAST, LONG}):
+            if lane in _service_factories:
+                self.services.append(_service_factories[lane](self))
+            else:
+                logger.warning("worker lane %s requested but no installed app serves it", lane)
         self.wakeup: Wakeup | None = None
         self._heartbeat_ok_until = 0.0
         self._stop_beats = threading.Event()
