@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "ninja",  # serves the API docs' assets locally (no CDN)
     "jobs_engine",
     "schedules",
     "kafka_target",

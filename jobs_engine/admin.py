@@ -1,45 +1,426 @@
-"""A first admin: read-only views of jobs, partitions, workers and paused targets.
+"""The operators' admin: jobs (filters, exact key search, detail, retry/skip/cancel),
+partitions and workers (who owns what, lease age, live or not), paused targets (resume),
+hourly statistics (a 48-hour chart) and the audit trail.
 
-The full operator surface (actions, API, statistics) is built on top of this later.
+Rows are never edited here: every action calls ``jobs_engine.operations``, which guards
+the change on the row's state and writes the audit record. Users with
+``jobs_engine.manage_jobs`` see and act; lists never count a whole table (capped counts,
+estimates on PostgreSQL, no facets), so they stay fast with a million jobs.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.contrib import admin
-from django.http import HttpRequest
+from django.contrib import admin, messages
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.views.decorators.http import require_POST
 
-from jobs_engine.models import Job, Partition, TargetPause, Worker
+from jobs_engine import operations, registry, store
+from jobs_engine.conf import jobs_settings
+from jobs_engine.models import AuditRecord, Job, JobStat, Partition, TargetPause, Worker
+from jobs_engine.operations import OperationRefused
+from jobs_engine.queries import CappedCountPaginator
+from jobs_engine.states import JobStatus, Lane
+
+MANAGE = "jobs_engine.manage_jobs"
+BULK_LIMIT = 1000  # rows one bulk action handles; "select all" on a million rows stops here
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+def can_manage(request: HttpRequest) -> bool:
+    return request.user.is_active and request.user.has_perm(MANAGE)
+
+
+class ManagedAdmin(admin.ModelAdmin):
+    """Read-only pages that engine managers may view; changes go through actions."""
+
+    show_facets = admin.ShowFacets.NEVER  # facet counts scan the table
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_per_page = 100
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return can_manage(request) or super().has_view_permission(request, obj)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return can_manage(request) or super().has_module_permission(request)
+
+    def has_manage_permission(self, request: HttpRequest) -> bool:
+        return can_manage(request)
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def pretty_json(value: Any) -> str:
+    return format_html("<pre style='white-space: pre-wrap; margin: 0'>{}</pre>",
+                       json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False,
+                                  default=str))
+
+
+def age(since: datetime | None, now: datetime) -> str:
+    if since is None:
+        return "-"
+    seconds = (now - since).total_seconds()
+    # Clocks of the web and database hosts differ a little: under a second is "now".
+    return f"{max(seconds, 0):.0f} s ago" if seconds > -1 else f"in {-seconds:.0f} s"
+
+
+# -- job list filters (none of them reads the table to build its choices) ------------------
+
+
+class InputFilter(admin.SimpleListFilter):
+    """A free-text filter: exact match on ``field``."""
+
+    template = "admin/jobs_engine/input_filter.html"
+    field = ""
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return []
+
+    def has_output(self) -> bool:
+        return True
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+    def choices(self, changelist: ChangeList) -> Iterator[dict[str, Any]]:
+        keep = [(name, value) for name, value in changelist.params.items()
+                if name != self.parameter_name]
+        yield {"query_parts": keep, "value": self.value() or "",
+               "clear": changelist.get_query_string(remove=[self.parameter_name])}
+
+
+class CodeFilter(InputFilter):
+    title = "code"
+    parameter_name = field = "code"
+
+
+class KeyFilter(InputFilter):
+    title = "key"
+    parameter_name = field = "key"
+
+
+class ChoiceFilter(admin.SimpleListFilter):
+    field = ""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(**{self.field: value}) if value else queryset
+
+
+class StatusFilter(ChoiceFilter):
+    title = "status"
+    parameter_name = field = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(JobStatus.choices)
+
+
+class LaneFilter(ChoiceFilter):
+    title = "lane"
+    parameter_name = field = "lane"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return list(Lane.choices)
+
+
+class TargetFilter(ChoiceFilter):
+    """Choices from the target registry (never ``SELECT DISTINCT`` over the jobs)."""
+
+    title = "target"
+    parameter_name = field = "target"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = {target.name for target in registry.all_targets()}
+        if self.value():
+            names.add(self.value())
+        return [(name, name) for name in sorted(names)]
+
+
+class JobChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        # The list never shows the big columns: do not read them.
+        return super().get_queryset(request, exclude_parameters).defer(
+            "payload", "headers", "last_error", "actor")
+
+
+# -- jobs ----------------------------------------------------------------------------------
+
+
+def _bulk(modeladmin: ManagedAdmin, request: HttpRequest, queryset: QuerySet, verb: str,
+          action: Callable[[int, Any], Any]) -> None:
+    """Run ``action`` on each selected row; report how many were done and why the rest
+    were refused."""
+    ids = list(queryset.order_by("-id").values_list("id", flat=True)[: BULK_LIMIT + 1])
+    more = len(ids) > BULK_LIMIT
+    done, refused = 0, []
+    for job_id in ids[:BULK_LIMIT]:
+        try:
+            action(job_id, request.user)
+            done += 1
+        except OperationRefused as exc:
+            refused.append(exc.message)
+    if done:
+        modeladmin.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+    if refused:
+        shown = "; ".join(refused[:10]) + (" …" if len(refused) > 10 else "")
+        modeladmin.message_user(request, f"Refused {len(refused)} job(s): {shown}",
+                                messages.WARNING)
+    if more:
+        modeladmin.message_user(
+            request, f"Only the first {BULK_LIMIT} selected jobs were handled; run the action "
+            "again for the rest.", messages.WARNING)
+
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
-    list_display = ("id", "status", "target", "code", "key", "version", "attempts",
+class JobAdmin(ManagedAdmin):
+    list_display = ("id", "status", "lane", "target", "code", "key", "version", "attempts",
                     "next_run_at", "closed_at")
-    list_filter = ("status", "lane", "target")
-    search_fields = ("=key", "=dedupe_key")
-    show_full_result_count = False  # no full-table count on every page load
+    list_filter = (StatusFilter, LaneFilter, TargetFilter, CodeFilter, KeyFilter)
+    search_fields = ("key__exact", "dedupe_key__exact")
+    search_help_text = "Exact key or dedupe key."
+    ordering = ("-id",)
+    sortable_by = ("id",)  # sorting a million rows by another column is a full sort
+    actions = ("retry_selected", "skip_selected", "cancel_selected")
+    change_form_template = "admin/jobs_engine/job/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("id", "status", "target", "code", "lane", "key", "version",
+                           "partition", "dedupe_key", "delivery_mode")}),
+        ("Run", {"fields": ("attempts", "next_run_at", "last_error_text", "closed_at",
+                            "created_at", "updated_at")}),
+        ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
+        ("Claim", {"fields": ("claimed_by", "claim_token", "lease_until", "started_at",
+                              "running_code", "outcome_token")}),
+    )
+    readonly_fields = ("last_error_text", "payload_json", "headers_json", "actor_json")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
+                           ) -> tuple[QuerySet, bool]:
+        """The whole term, exact, on key or dedupe key: both index-backed."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(key=term) | Q(dedupe_key=term)), False
+
+    @admin.display(description="payload")
+    def payload_json(self, obj: Job) -> str:
+        return pretty_json(obj.payload)
+
+    @admin.display(description="headers")
+    def headers_json(self, obj: Job) -> str:
+        return pretty_json(obj.headers)
+
+    @admin.display(description="actor")
+    def actor_json(self, obj: Job) -> str:
+        return pretty_json(obj.actor)
+
+    @admin.display(description="last error")
+    def last_error_text(self, obj: Job) -> str:
+        return format_html("<pre style='white-space: pre-wrap; margin: 0'>{}</pre>",
+                           obj.last_error or "-")
+
+    # -- bulk actions ---------------------------------------------------------------------
+
+    @admin.action(description="Retry selected DEAD jobs", permissions=["manage"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _bulk(self, request, queryset, "Retried", operations.retry_job)
+
+    @admin.action(description="Skip (delete) selected DEAD jobs", permissions=["manage"])
+    def skip_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _bulk(self, request, queryset, "Skipped", operations.skip_job)
+
+    @admin.action(description="Cancel selected jobs that have not run",
+                  permissions=["manage"])
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _bulk(self, request, queryset, "Cancelled", operations.cancel_job)
+
+    # -- single-row buttons on the change page -------------------------------------------
+
+    def get_urls(self) -> list[URLPattern]:
+        def view(action: str) -> Callable[..., HttpResponse]:
+            return self.admin_site.admin_view(require_POST(
+                lambda request, object_id: self.act_on_one(request, object_id, action)))
+
+        own = [path(f"<path:object_id>/{action}/", view(action),
+                    name=f"jobs_engine_job_{action}") for action in ("retry", "skip", "cancel")]
+        return own + super().get_urls()
+
+    def act_on_one(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
+        if not can_manage(request):
+            raise PermissionDenied
+        operation = {"retry": operations.retry_job, "skip": operations.skip_job,
+                     "cancel": operations.cancel_job}[action]
+        change_url = reverse("admin:jobs_engine_job_change", args=[object_id])
+        try:
+            operation(object_id, request.user)
+        except OperationRefused as exc:
+            self.message_user(request, f"Not done: {exc.message}", messages.ERROR)
+            gone = isinstance(exc, operations.JobNotFound)
+            return HttpResponseRedirect(
+                reverse("admin:jobs_engine_job_changelist") if gone else change_url)
+        if action == "retry":
+            self.message_user(request, f"Job {object_id} is PENDING again, due now.",
+                              messages.SUCCESS)
+            return HttpResponseRedirect(change_url)
+        verb = "skipped" if action == "skip" else "cancelled"
+        self.message_user(request, f"Job {object_id} {verb} (row deleted).", messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:jobs_engine_job_changelist"))
+
+    def render_change_form(self, request: HttpRequest, context: dict[str, Any], *args: Any,
+                           **kwargs: Any) -> HttpResponse:
+        context["can_manage"] = can_manage(request)
+        return super().render_change_form(request, context, *args, **kwargs)
+
+
+# -- partitions, workers, paused targets ---------------------------------------------------
 
 
 @admin.register(Partition)
-class PartitionAdmin(ReadOnlyAdmin):
-    list_display = ("partition", "owner", "lease_until", "inflight_token")
+class PartitionAdmin(ManagedAdmin):
+    list_display = ("partition", "owner", "owner_live", "lease_renewed", "lease_until",
+                    "in_flight")
+    ordering = ("partition",)
+    list_filter = ()
+
+    @admin.display(description="lease renewed")
+    def lease_renewed(self, obj: Partition) -> str:
+        """Lease age: the lease is renewed to now + PARTITION_LEASE_S on every beat."""
+        if obj.lease_until is None:
+            return "-"
+        renewed = obj.lease_until - timedelta(seconds=jobs_settings().PARTITION_LEASE_S)
+        return age(renewed, timezone.now())
+
+    @admin.display(description="live", boolean=True)
+    def owner_live(self, obj: Partition) -> bool:
+        return bool(obj.owner and obj.lease_until and obj.lease_until > timezone.now())
+
+    @admin.display(description="in flight")
+    def in_flight(self, obj: Partition) -> int:
+        return len(obj.inflight_ids or [])
 
 
 @admin.register(Worker)
-class WorkerAdmin(ReadOnlyAdmin):
-    list_display = ("worker_id", "hostname", "pid", "lanes", "heartbeat_at", "started_at")
+class WorkerAdmin(ManagedAdmin):
+    list_display = ("worker_id", "live", "heartbeat", "partitions_held", "lanes", "hostname",
+                    "pid", "started_at")
+    ordering = ("worker_id",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        held = (Partition.objects.filter(owner=OuterRef("worker_id"),
+                                         lease_until__gt=timezone.now())
+                .order_by().values("owner").annotate(n=Count("partition")).values("n"))
+        return super().get_queryset(request).annotate(held=Coalesce(Subquery(held), 0))
+
+    @admin.display(description="partitions held")
+    def partitions_held(self, obj: Worker) -> int:
+        return obj.held  # type: ignore[attr-defined]
+
+    @admin.display(description="last heartbeat")
+    def heartbeat(self, obj: Worker) -> str:
+        return age(obj.heartbeat_at, timezone.now())
+
+    @admin.display(description="live", boolean=True)
+    def live(self, obj: Worker) -> bool:
+        """Live while its heartbeat is newer than the partition lease."""
+        cutoff = timezone.now() - timedelta(seconds=jobs_settings().PARTITION_LEASE_S)
+        return obj.heartbeat_at > cutoff
 
 
 @admin.register(TargetPause)
-class TargetPauseAdmin(ReadOnlyAdmin):
-    list_display = ("target", "paused_until", "reason", "paused_at", "probe_by")
+class TargetPauseAdmin(ManagedAdmin):
+    list_display = ("target", "state", "reason", "paused_until", "paused_at", "probe_by")
+    ordering = ("target",)
+    actions = ("resume_selected",)
+
+    @admin.display(description="state")
+    def state(self, obj: TargetPause) -> str:
+        if obj.paused_until > timezone.now():
+            return f"paused, next probe {age(obj.paused_until, timezone.now())}"
+        return "probe due"
+
+    @admin.action(description="Resume selected targets now", permissions=["manage"])
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+        done, refused = 0, []
+        for target in list(queryset.values_list("target", flat=True)[:BULK_LIMIT]):
+            try:
+                operations.resume_target(target, request.user)
+                done += 1
+            except OperationRefused as exc:
+                refused.append(exc.message)
+        if done:
+            self.message_user(request, f"Resumed {done} target(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, f"Refused {len(refused)}: {'; '.join(refused)}",
+                              messages.WARNING)
+
+
+# -- statistics and audit ------------------------------------------------------------------
+
+CHART_HOURS = 48
+CHART_OUTCOMES = (("ok", "#3a9a5b"), ("retried", "#e0a800"), ("paused", "#6c8ebf"),
+                  ("dead", "#c0392b"))
+
+
+def chart_rows(now: datetime, target: str | None = None) -> list[dict[str, Any]]:
+    """One entry per hour of the last ``CHART_HOURS``: counts per outcome and bar heights
+    (percent of the busiest hour)."""
+    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=CHART_HOURS - 1)
+    hours = {first + timedelta(hours=i): dict.fromkeys((o for o, _ in CHART_OUTCOMES), 0)
+             for i in range(CHART_HOURS)}
+    for hour, row_target, outcome, count in store.job_stats_since(first):
+        if (target is None or row_target == target) and hour in hours \
+                and outcome in hours[hour]:
+            hours[hour][outcome] += count
+    busiest = max((sum(c.values()) for c in hours.values()), default=0) or 1
+    return [{"hour": hour, "total": sum(counts.values()),
+             "bars": [{"outcome": o, "color": color, "count": counts[o],
+                       "height": round(100 * counts[o] / busiest, 1)}
+                      for o, color in CHART_OUTCOMES]}
+            for hour, counts in hours.items()]
+
+
+@admin.register(JobStat)
+class JobStatAdmin(ManagedAdmin):
+    list_display = ("hour", "target", "outcome", "count")
+    list_filter = ("outcome",)
+    ordering = ("-hour", "target", "outcome")
+    change_list_template = "admin/jobs_engine/jobstat/change_list.html"
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        target = request.GET.get("target") or None
+        extra = {"chart": chart_rows(timezone.now(), target), "chart_hours": CHART_HOURS,
+                 "chart_outcomes": CHART_OUTCOMES, "chart_target": target,
+                 **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+
+@admin.register(AuditRecord)
+class AuditRecordAdmin(ManagedAdmin):
+    list_display = ("at", "username", "action", "object_type", "object_id", "result",
+                    "message")
+    list_filter = ("result", "action", "object_type")
+    search_fields = ("object_id__exact", "username__exact")
+    ordering = ("-id",)
+

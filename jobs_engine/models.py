@@ -1,5 +1,5 @@
 """Tables of the engine: jobs, partition leases, worker liveness, shared pause state,
-per-key version counters.
+per-key version counters, hourly run statistics and the operators' audit trail.
 
 The indexes are named after the query they serve; ``store.py`` holds those queries.
 """
@@ -60,6 +60,8 @@ class Job(models.Model):
             # Long lane reclaim of expired leases.
             models.Index(fields=["lease_until"], condition=RUNNING, name="jobs_running_lease"),
             models.Index(fields=["status", "closed_at"], name="jobs_status_closed"),
+            # Admin and API: exact search and filter by key.
+            models.Index(fields=["key"], condition=Q(key__isnull=False), name="jobs_key"),
         ]
         constraints = [
             # At most one RUNNING row per exclusive code, across every worker.
@@ -121,3 +123,48 @@ class VersionCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key}={self.value}"
+
+
+class JobStat(models.Model):
+    """Runs per hour, target and outcome (ok, retried, paused, dead): written by the
+    outcome path in one upsert per batch of outcomes, read by the admin chart and
+    ``/metrics``."""
+
+    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
+    target = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=16)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target; its index also serves "the last 48 hours".
+            models.UniqueConstraint(fields=["hour", "target", "outcome"], name="job_stats_bucket"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}={self.count}"
+
+
+class AuditRecord(models.Model):
+    """One operator action (retry, skip, cancel, resume, schedule changes): who, when,
+    what, on which row, and whether it was done or refused."""
+
+    class Result(models.TextChoices):
+        OK = "ok", "Done"
+        REFUSED = "refused", "Refused"
+
+    at = models.DateTimeField(db_index=True)
+    user_id = models.BigIntegerField(null=True, blank=True)
+    username = models.CharField(max_length=150, blank=True, default="")
+    action = models.CharField(max_length=32)
+    object_type = models.CharField(max_length=32)
+    object_id = models.CharField(max_length=255)
+    result = models.CharField(max_length=8, choices=Result.choices)
+    message = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '-'} {self.action} " \
+               f"{self.object_type} {self.object_id}: {self.result}"

@@ -8,10 +8,13 @@ the lane's guard, pauses targets, and emits the run log line and DEAD alerts.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+
+from django.utils import timezone
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
@@ -135,6 +138,7 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             written.append(result)
         if outcome.pause_target:
             store.pause_set(row.target, now, settings.PROBE_S, outcome.error)
+    count_runs(written, now)
     written_ids = {r.row.id for r in written}
     for result in results:
         row = result.row
@@ -148,6 +152,28 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         if ok and result.outcome.kind is OutcomeKind.DEAD:
             announce_dead(row.id, row.target, row.code, row.dedupe_key, result.outcome.error)
     return written
+
+
+# The outcome names of the hourly statistics (``JobStat.outcome``).
+STAT_OUTCOMES = {OutcomeKind.SUCCEEDED: "ok", OutcomeKind.RETRY: "retried",
+                 OutcomeKind.UNREACHABLE: "paused", OutcomeKind.DEAD: "dead"}
+
+
+def stat_hour(now: datetime) -> datetime:
+    return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def count_runs(results: Sequence[RunResult], now: datetime) -> None:
+    """Add the written outcomes to the hourly statistics in one statement. Statistics
+    are evidence, not state: a failed write is logged and the outcomes stand."""
+    if not results:
+        return
+    counts = Counter((stat_hour(now), r.row.target, STAT_OUTCOMES[r.outcome.kind])
+                     for r in results)
+    try:
+        store.job_stats_add(counts)
+    except Exception:
+        logger.exception("job statistics not written for %s runs", len(results))
 
 
 def _existing_ids(ids: Sequence[int]) -> list[tuple[int]]:
@@ -170,3 +196,9 @@ def announce_dead(job_id: int, target: str, code: str, dedupe_key: str, reason: 
 def announce_closed(closed: Sequence[store.ClosedJob]) -> None:
     for job in closed:
         announce_dead(job.id, job.target, job.code, job.dedupe_key, job.reason)
+    if closed:  # closed by a takeover or a lease rescue: they count as dead runs too
+        counts = Counter((stat_hour(timezone.now()), job.target, "dead") for job in closed)
+        try:
+            store.job_stats_add(counts)
+        except Exception:
+            logger.exception("job statistics not written for %s closed rows", len(closed))

@@ -22,7 +22,7 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from jobs_engine.models import Job, Partition, TargetPause, VersionCounter, Worker
+from jobs_engine.models import Job, JobStat, Partition, TargetPause, VersionCounter, Worker
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 
 JOBS = Job._meta.db_table
@@ -734,3 +734,174 @@ def jobs_count(statuses: Iterable[str] | None = None) -> int:
         return _fetch(f"SELECT COUNT(*) FROM {JOBS}")[0][0]
     clause, params = _in("status", list(statuses))
     return _fetch(f"SELECT COUNT(*) FROM {JOBS} WHERE {clause}", params)[0][0]
+
+
+# -- operator actions, statistics and retention -------------------------------------------
+# Admin and API actions on single rows: each is one conditional statement whose guard is
+# the state the action needs, so two operators racing on one row cannot both win.
+
+JOB_STATS = JobStat._meta.db_table
+
+
+@dataclass(frozen=True)
+class RemovedJob:
+    """A row an operator removed (skip, cancel), as it was just before."""
+
+    id: int
+    target: str
+    code: str
+    dedupe_key: str
+    attempts: int
+    status: str
+    lane: str
+    partition: int
+    key: str | None
+    version: int
+    next_run_at: datetime | None
+
+
+_REMOVED_COLUMNS = ("id, target, code, dedupe_key, attempts, status, lane, partition, key, "
+                    "version, next_run_at")
+
+
+def _removed(row: Sequence[Any]) -> RemovedJob:
+    return RemovedJob(*row[:10], _read_dt(row[10]))
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What an operator action needs to explain a refusal."""
+
+    status: str
+    lane: str
+    started: bool
+    in_flight: bool
+
+
+def _in_flight_sql(using: str | None = None) -> str:
+    """SQL true while the ``JOBS`` row being tested sits in its partition's in-flight mark."""
+    if is_postgres(using):
+        return (f"EXISTS (SELECT 1 FROM {PARTITIONS} p WHERE p.partition = {JOBS}.partition "
+                f"AND p.inflight_ids @> to_jsonb({JOBS}.id))")
+    return (f"EXISTS (SELECT 1 FROM {PARTITIONS} p, json_each(p.inflight_ids) f "
+            f"WHERE p.partition = {JOBS}.partition AND f.value = {JOBS}.id)")
+
+
+def job_retry_if_dead(job_id: int, now: datetime) -> bool:
+    """DEAD → PENDING, due at ``now`` with attempts 0 and no claim; False when the row is
+    missing or not DEAD (e.g. a concurrent retry won). ``last_error`` stays as evidence;
+    ``outcome_token`` stays so a stale in-flight mark cannot close the retried row."""
+    return _execute(
+        f"UPDATE {JOBS} SET status = %s, attempts = 0, next_run_at = %s, closed_at = NULL, "
+        "claim_token = NULL, claimed_by = NULL, lease_until = NULL, started_at = NULL, "
+        "running_code = NULL, updated_at = %s WHERE id = %s AND status = %s",
+        [_PENDING, _dt(now), _dt(now), job_id, _DEAD],
+    ) == 1
+
+
+def job_delete_if_dead(job_id: int) -> RemovedJob | None:
+    """Skip: delete a DEAD row; None when it is missing or not DEAD."""
+    rows = _fetch(
+        f"DELETE FROM {JOBS} WHERE id = %s AND status = %s RETURNING {_REMOVED_COLUMNS}",
+        [job_id, _DEAD])
+    return _removed(rows[0]) if rows else None
+
+
+def job_delete_if_not_started(job_id: int) -> RemovedJob | None:
+    """Cancel: delete a PENDING row that is not in its partition's in-flight mark, or a
+    long-lane RUNNING row whose handler has not started; None otherwise.
+
+    The long lane marks a row started with a guarded write on the same row, so a cancel
+    and a start serialise on the row: one of them matches nothing.
+    """
+    rows = _fetch(
+        f"DELETE FROM {JOBS} WHERE id = %s AND ((status = %s AND NOT {_in_flight_sql()}) "
+        f"OR (status = %s AND lane = %s AND started_at IS NULL)) RETURNING {_REMOVED_COLUMNS}",
+        [job_id, _PENDING, _RUNNING, Lane.LONG.value],
+    )
+    return _removed(rows[0]) if rows else None
+
+
+def jobs_release_key_held_by(removed: RemovedJob, now: datetime) -> int:
+    """After a cancelled fast-lane key head: its later PENDING versions that were moved to
+    its retry time (``jobs_hold_key_until`` or enqueue behind it) become due now."""
+    if removed.lane != Lane.FAST.value or removed.key is None or removed.next_run_at is None \
+            or removed.next_run_at <= now:
+        return 0
+    return _execute(
+        f"UPDATE {JOBS} SET next_run_at = %s WHERE status = %s AND partition = %s "
+        "AND target = %s AND key = %s AND (version > %s OR (version = %s AND id > %s)) "
+        "AND next_run_at = %s",
+        [_dt(now), _PENDING, removed.partition, removed.target, removed.key, removed.version,
+         removed.version, removed.id, _dt(removed.next_run_at)],
+    )
+
+
+def job_state(job_id: int) -> JobState | None:
+    rows = _fetch(f"SELECT status, lane, started_at IS NOT NULL, {_in_flight_sql()} "
+                  f"FROM {JOBS} WHERE id = %s", [job_id])
+    if not rows:
+        return None
+    status, lane, started, in_flight = rows[0]
+    return JobState(status, lane, bool(started), bool(in_flight))
+
+
+def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
+    """Add run counts per (hour, target, outcome) in one upsert.
+
+    Rows go in sorted order so two workers upserting the same buckets lock them in the
+    same order (no deadlock).
+    """
+    if not counts:
+        return
+    rows = [(_dt(hour), target, outcome, count)
+            for (hour, target, outcome), count in sorted(counts.items())]
+    values, params = _values(rows)
+    _execute(
+        f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) {values} "
+        "ON CONFLICT (hour, target, outcome) "
+        f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count", params,
+    )
+
+
+def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
+    """(hour, target, outcome, count) of the hours from ``since`` on, oldest first."""
+    rows = _fetch(f"SELECT hour, target, outcome, count FROM {JOB_STATS} WHERE hour >= %s "
+                  "ORDER BY hour, target, outcome", [_dt(since)])
+    return [(_read_dt(h), t, o, c) for h, t, o, c in rows]  # type: ignore[misc]
+
+
+def job_stats_totals() -> list[tuple[str, str, int]]:
+    """(target, outcome, runs) summed over every hour kept."""
+    return [(t, o, int(c)) for t, o, c in _fetch(
+        f"SELECT target, outcome, SUM(count) FROM {JOB_STATS} GROUP BY target, outcome "
+        "ORDER BY target, outcome")]
+
+
+def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
+    """Retention: delete up to ``limit`` DEAD rows closed before ``cutoff`` (index
+    ``jobs_status_closed``). Rows another worker is deleting right now are skipped."""
+    lock = " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+    return _execute(
+        f"DELETE FROM {JOBS} WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s "
+        f"AND closed_at < %s ORDER BY closed_at LIMIT %s{lock})",
+        [_DEAD, _dt(cutoff), limit],
+    )
+
+
+def jobs_pending_by_lane() -> dict[str, tuple[int, datetime | None]]:
+    """lane → (PENDING rows, earliest next_run_at); index ``jobs_pending_due``."""
+    rows = _fetch(f"SELECT lane, COUNT(*), MIN(next_run_at) FROM {JOBS} WHERE status = %s "
+                  "GROUP BY lane", [_PENDING])
+    return {lane: (count, _read_dt(earliest)) for lane, count, earliest in rows}
+
+
+def table_row_estimate(table: str) -> int | None:
+    """PostgreSQL's planner estimate of a table's rows (no scan); None elsewhere or when
+    the table was never analysed."""
+    if not is_postgres():
+        return None
+    rows = _fetch("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table])
+    if not rows or rows[0][0] is None or rows[0][0] < 0:
+        return None
+    return int(rows[0][0])

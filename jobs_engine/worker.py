@@ -28,6 +28,7 @@ from jobs_engine.fast_lane import FastLane
 from jobs_engine.leases import PartitionLeases, new_worker_id
 from jobs_engine.long_lane import LongLane
 from jobs_engine.pauses import PauseGate
+from jobs_engine.retention import DeadPruner
 
 logger = logging.getLogger("jobs_engine")
 
@@ -131,6 +132,7 @@ class WorkerProcess:
         self.wakeup: Wakeup | None = None
         self._heartbeat_ok_until = 0.0
         self._stop_beats = threading.Event()
+        self.pruner = DeadPruner(self.settings)  # DEAD_TTL_DAYS, at most once an hour
 
     def _poke(self) -> None:
         if self.wakeup is not None:
@@ -220,6 +222,7 @@ class WorkerProcess:
         while not self._stop_beats.wait(interval):
             try:
                 self._beat()
+                self.pruner.maybe_run()
             except Exception:
                 logger.exception("worker %s heartbeat failed", self.worker_id)
                 connection.close()

@@ -1,0 +1,312 @@
+"""The JSON API under ``/api/v1/`` (django-ninja; OpenAPI at ``/api/v1/docs``).
+
+Authentication is the Django session (log in at ``/admin/login/``), with Django's CSRF
+check on unsafe methods: a POST, PUT or DELETE sends the ``csrftoken`` cookie's value in
+an ``X-CSRFToken`` header. Session auth without CSRF would let any page the operator
+visits fire retries in their name, so the check stays on; scripts log in once and reuse
+the cookie jar. Only users with ``jobs_engine.manage_jobs`` pass: anonymous → 401,
+others → 403.
+
+Every error has one shape: ``{"status_code", "code", "message": [...]}`` (400
+``validation_error``, 401 ``unauthorized``, 403 ``forbidden``/``csrf_failed``, 404
+``not_found`` for unknown or malformed ids and unknown routes, 409 ``invalid_status``,
+413 ``body_too_large``). Other apps (schedules) add their routers to ``api``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from ninja import Field, NinjaAPI, Path, Query, Router, Schema
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security.apikey import APIKeyCookie
+from ninja.utils import check_csrf
+from pydantic import StringConstraints
+
+from jobs_engine import operations
+from jobs_engine.models import Job
+from jobs_engine.operations import MAX_JOB_ID, OperationRefused
+from jobs_engine.queries import capped_count
+
+logger = logging.getLogger("jobs_engine")
+
+PERMISSION = "jobs_engine.manage_jobs"
+MAX_BODY_BYTES = 64 * 1024  # the API takes small bodies (a cron override); more is refused
+MAX_PAGE = 100_000
+MAX_LIMIT = 100
+
+CODES = {400: "validation_error", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+         405: "method_not_allowed", 409: "invalid_status", 413: "body_too_large",
+         429: "throttled"}
+
+
+class ApiError(Exception):
+    """An error answer of the API in its one shape."""
+
+    def __init__(self, status_code: int, code: str, messages: Iterable[str]) -> None:
+        self.status_code = status_code
+        self.code = code
+        self.messages = list(messages)
+        super().__init__(f"{status_code} {code}: {'; '.join(self.messages)}")
+
+
+def error_body(status_code: int, code: str, messages: Iterable[str]) -> dict[str, Any]:
+    return {"status_code": status_code, "code": code, "message": list(messages)}
+
+
+def error_response(status_code: int, code: str, messages: Iterable[str]) -> JsonResponse:
+    return JsonResponse(error_body(status_code, code, messages), status=status_code)
+
+
+def _body_length(request: HttpRequest) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0
+
+
+class ManagerSession(APIKeyCookie):
+    """Django session auth for engine managers, CSRF-checked on unsafe methods.
+
+    Order of checks: a body over ``MAX_BODY_BYTES`` (413, before anything reads it), not
+    logged in (401), CSRF (403 ``csrf_failed``), no manage permission (403).
+    """
+
+    param_name = settings.SESSION_COOKIE_NAME
+
+    def _get_key(self, request: HttpRequest) -> str | None:
+        return request.COOKIES.get(self.param_name)
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        if _body_length(request) > MAX_BODY_BYTES:
+            raise ApiError(413, "body_too_large",
+                           [f"request body over {MAX_BODY_BYTES} bytes"])
+        user = getattr(request, "user", None)
+        if user is None or not user.is_authenticated:
+            return None
+        if self.csrf and not getattr(request, "_ninja_csrf_exempt", False) \
+                and check_csrf(request) is not None:
+            raise ApiError(403, "csrf_failed",
+                           ["CSRF check failed: send the csrftoken cookie's value in an "
+                            "X-CSRFToken header"])
+        if not user.has_perm(PERMISSION):
+            raise ApiError(403, "forbidden", [f"the {PERMISSION} permission is required"])
+        return user
+
+
+api = NinjaAPI(
+    title="jobs-engine API",
+    version="1",
+    description=__doc__ or "",
+    urls_namespace="jobs_api",
+    auth=ManagerSession(),
+)
+
+
+# -- errors in one shape -------------------------------------------------------------------
+
+
+def _location(loc: Iterable[Any]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
+    errors = list(exc.errors)
+    if any(tuple(error.get("loc", ()))[:1] == ("path",) for error in errors):
+        # A malformed id names no row, like an unknown one.
+        return error_response(404, "not_found", ["no row has this id"])
+    messages = [f"{_location(error.get('loc', ()))}: {error.get('msg', 'invalid')}"
+                for error in errors]
+    return error_response(400, "validation_error", messages or ["invalid request"])
+
+
+@api.exception_handler(ApiError)
+def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+    return error_response(exc.status_code, exc.code, exc.messages)
+
+
+@api.exception_handler(OperationRefused)
+def _refused(request: HttpRequest, exc: OperationRefused) -> HttpResponse:
+    return error_response(exc.status_code, exc.code, [exc.message])
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
+    if isinstance(exc, AuthenticationError):
+        return error_response(401, "unauthorized",
+                              ["log in first (Django session, e.g. /admin/login/)"])
+    return error_response(exc.status_code, CODES.get(exc.status_code, "error"), [exc.message])
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
+    return error_response(404, "not_found", [str(exc) or "not found"])
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
+    return error_response(413, "body_too_large", [str(exc)])
+
+
+@api.exception_handler(Exception)
+def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
+    logger.exception("API %s %s failed", request.method, request.path)
+    return error_response(500, "internal_error", ["internal error; see the server log"])
+
+
+def not_found_view(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Any other path under ``/api/v1/``: a 404 in the API's error shape."""
+    return error_response(404, "not_found", [f"no API route {request.path}"])
+
+
+# -- schemas -------------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    status_code: int
+    code: str
+    message: list[str]
+
+
+# Filter text: bounded, and no NUL (PostgreSQL text cannot hold one).
+Text = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00]*$")]
+StatusName = Literal["PENDING", "RUNNING", "DEAD", "DONE"]
+LaneName = Literal["fast", "long"]
+
+
+class JobFilters(Schema):
+    status: StatusName | None = None
+    target: Text | None = None
+    code: Text | None = None
+    key: Text | None = None
+    lane: LaneName | None = None
+    page: int = Field(1, ge=1, le=MAX_PAGE)
+    limit: int = Field(MAX_LIMIT, ge=1, le=MAX_LIMIT)
+
+
+FILTERS = ("status", "target", "code", "key", "lane")
+
+
+class JobOut(Schema):
+    id: int
+    target: str
+    code: str
+    lane: str
+    key: str | None
+    partition: int
+    version: int
+    dedupe_key: str
+    status: str
+    delivery_mode: str
+    attempts: int
+    next_run_at: datetime
+    closed_at: datetime | None
+    claimed_by: str | None
+    lease_until: datetime | None
+    started_at: datetime | None
+    trace_id: str
+    created_at: datetime
+    updated_at: datetime
+
+
+LIST_FIELDS = tuple(JobOut.model_fields)
+
+
+class JobDetail(JobOut):
+    payload: Any = None
+    headers: dict[str, Any]
+    last_error: str
+    actor: dict[str, Any] | None = None
+
+
+class JobPage(Schema):
+    data: list[JobOut]
+    total: int = Field(description="Matching rows, counted up to a cap (see total_capped).")
+    total_capped: bool = Field(description="True when more rows match than total says.")
+    page: int
+    limit: int
+
+
+class Skipped(Schema):
+    id: int
+    skipped: bool
+
+
+class Cancelled(Schema):
+    id: int
+    cancelled: bool
+    was: str = Field(description="The row's status when it was removed.")
+
+
+def errors(*codes: int) -> dict[int, type[ErrorOut]]:
+    return dict.fromkeys((401, 403, *codes), ErrorOut)
+
+
+JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id.")]
+
+
+# -- routes --------------------------------------------------------------------------------
+
+jobs = Router(tags=["jobs"])
+
+
+@jobs.get("", response={200: JobPage, **errors(400)}, summary="List jobs (no payload)")
+def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any]:
+    """Newest first. ``total`` is counted up to a cap so a list stays fast on a million
+    rows; unknown query parameters are refused, not ignored."""
+    unknown = sorted(set(request.GET) - set(JobFilters.model_fields))
+    if unknown:
+        raise ApiError(400, "validation_error",
+                       [f"query.{name}: unknown parameter" for name in unknown])
+    queryset = Job.objects.all()
+    for name in FILTERS:
+        value = getattr(filters, name)
+        if value is not None:
+            queryset = queryset.filter(**{name: value})
+    total, capped = capped_count(queryset)
+    start = (filters.page - 1) * filters.limit
+    rows = list(queryset.order_by("-id").values(*LIST_FIELDS)[start:start + filters.limit])
+    return {"data": rows, "total": total, "total_capped": capped, "page": filters.page,
+            "limit": filters.limit}
+
+
+@jobs.get("/{job_id}", response={200: JobDetail, **errors(404)},
+          summary="One job with its payload, headers and last error")
+def get_job(request: HttpRequest, job_id: JobId) -> Job:
+    job = Job.objects.filter(id=job_id).first()
+    if job is None:
+        raise operations.JobNotFound(job_id)
+    return job
+
+
+@jobs.post("/{job_id}/retry", response={200: JobOut, **errors(404, 409, 413)},
+           summary="Retry a DEAD job")
+def retry_job(request: HttpRequest, job_id: JobId) -> Job:
+    """DEAD → PENDING now with attempts 0. Not DEAD (or a concurrent retry won): 409."""
+    return operations.retry_job(job_id, request.user)
+
+
+@jobs.post("/{job_id}/skip", response={200: Skipped, **errors(404, 409, 413)},
+           summary="Delete a DEAD job")
+def skip_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
+    row = operations.skip_job(job_id, request.user)
+    return {"id": row.id, "skipped": True}
+
+
+@jobs.post("/{job_id}/cancel", response={200: Cancelled, **errors(404, 409, 413)},
+           summary="Remove a job that has not run")
+def cancel_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
+    """A PENDING row not in flight, or a long-lane RUNNING row not yet started; a row
+    being sent or run answers 409."""
+    row = operations.cancel_job(job_id, request.user)
+    return {"id": row.id, "cancelled": True, "was": row.status}
+
+
+api.add_router("/jobs", jobs)

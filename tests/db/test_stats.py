@@ -1,0 +1,252 @@
+"""Statistics and retention (seed 000 §12 G3): hourly run counts per target and outcome
+written by the outcome path in one upsert per record() call, DEAD rows pruned after
+DEAD_TTL_DAYS by the workers, and the Prometheus ``/metrics`` endpoint."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from prometheus_client.parser import text_string_to_metric_families
+
+from jobs_engine import conf, metrics, outcomes, store
+from jobs_engine.conf import load_settings
+from jobs_engine.errors import DeadNow, TargetUnreachable
+from jobs_engine.fast_lane import FastLane
+from jobs_engine.leases import PartitionLeases
+from jobs_engine.long_lane import LongLane
+from jobs_engine.models import Job, JobStat
+from jobs_engine.pauses import PauseGate
+from jobs_engine.registry import Job as HandlerJob
+from jobs_engine.retention import DeadPruner, prune_dead
+from jobs_engine.states import JobStatus
+from jobs_engine.worker import WorkerProcess
+from tests.db.operator_helpers import make_job
+from tests.helpers import FakeMonotonic
+
+pytestmark = pytest.mark.django_db
+
+HOUR = timedelta(hours=1)
+
+
+def hour_of(at: datetime) -> datetime:
+    return at.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def stats() -> dict[tuple[datetime, str, str], int]:
+    return {(row.hour, row.target, row.outcome): row.count for row in JobStat.objects.all()}
+
+
+def raising(exc: BaseException) -> Callable[[HandlerJob], None]:
+    def handler(job: HandlerJob) -> None:
+        raise exc
+    return handler
+
+
+def fast_poller() -> Callable[[datetime], int]:
+    settings = conf.jobs_settings()
+    worker_id = f"stats-{uuid.uuid4().hex[:6]}"
+    clock = FakeMonotonic()
+    leases = PartitionLeases(worker_id, settings, monotonic=clock)
+    fast = FastLane(worker_id, settings, leases, PauseGate(worker_id, settings), monotonic=clock)
+    store.partitions_seed(settings.PARTITIONS)
+
+    def poll(at: datetime) -> int:
+        leases.heartbeat(at)
+        return fast.run_once(at)
+
+    return poll
+
+
+# -- hourly counts -------------------------------------------------------------------------
+
+
+def test_fast_lane_runs_are_counted_per_hour_target_and_outcome(targets: Any,
+                                                                now: datetime) -> None:
+    targets("st.ok")
+    targets("st.retry", handler=raising(ValueError("answered 500")))
+    targets("st.down", handler=raising(TargetUnreachable("connection refused")))
+    targets("st.dead", handler=raising(DeadNow("record too large")))
+    for name, rows in (("st.ok", 3), ("st.retry", 2), ("st.down", 2), ("st.dead", 2)):
+        for _ in range(rows):
+            make_job(name)
+    poll = fast_poller()
+
+    poll(now)
+    first = hour_of(now)
+    assert stats() == {(first, "st.ok", "ok"): 3, (first, "st.retry", "retried"): 2,
+                       (first, "st.down", "paused"): 1,  # the rest of a paused send waits
+                       (first, "st.dead", "dead"): 2}
+
+    poll(now + HOUR)  # the retries are due again, the paused target gets one probe
+    later = hour_of(now + HOUR)
+    assert stats()[(later, "st.retry", "retried")] == 2
+    assert stats()[(later, "st.down", "paused")] == 1
+    assert stats()[(first, "st.retry", "retried")] == 2  # earlier hours are kept apart
+
+
+def test_long_lane_runs_are_counted(targets: Any, now: datetime) -> None:
+    targets("st.long.ok", lane="long")
+    targets("st.long.dead", lane="long", handler=raising(DeadNow("bad input")))
+    for name in ("st.long.ok", "st.long.ok", "st.long.dead"):
+        make_job(name)
+    settings = conf.jobs_settings()
+    lane = LongLane("w-long", settings, PauseGate("w-long", settings), threads=False,
+                    monotonic=FakeMonotonic())
+
+    assert lane.run_once(now) == 3
+
+    assert stats() == {(hour_of(now), "st.long.ok", "ok"): 2,
+                       (hour_of(now), "st.long.dead", "dead"): 1}
+
+
+def test_one_statistics_statement_per_poll(targets: Any, now: datetime) -> None:
+    targets("st.one.ok", delivery_mode="at_least_once")
+    targets("st.one.retry", handler=raising(ValueError("no")))
+    for _ in range(5):
+        make_job("st.one.ok")
+    for _ in range(3):
+        make_job("st.one.retry")
+    poll = fast_poller()
+
+    with CaptureQueriesContext(connection) as captured:
+        assert poll(now) == 8
+
+    table = JobStat._meta.db_table
+    writes = [q["sql"] for q in captured.captured_queries if table in q["sql"]]
+    assert len(writes) == 1 and writes[0].upper().startswith("INSERT")
+    assert stats() == {(hour_of(now), "st.one.ok", "ok"): 5,
+                       (hour_of(now), "st.one.retry", "retried"): 3}
+
+
+def test_rows_closed_by_a_takeover_count_as_dead() -> None:
+    outcomes.announce_closed([store.ClosedJob(1, "st.takeover", "c", "d:1", "in flight"),
+                              store.ClosedJob(2, "st.takeover", "c", "d:2", "in flight")])
+    [(key, count)] = stats().items()
+    assert key[1:] == ("st.takeover", "dead") and count == 2
+
+
+def test_upsert_adds_to_an_existing_bucket(now: datetime) -> None:
+    bucket = (hour_of(now), "st.add", "ok")
+    store.job_stats_add({bucket: 2})
+    store.job_stats_add({bucket: 5, (hour_of(now), "st.add", "dead"): 1})
+    assert stats() == {bucket: 7, (hour_of(now), "st.add", "dead"): 1}
+
+
+# -- DEAD retention ------------------------------------------------------------------------
+
+
+def test_prune_removes_only_dead_rows_older_than_the_ttl(targets: Any, now: datetime,
+                                                         jobs_settings: Any) -> None:
+    settings = jobs_settings(DEAD_TTL_DAYS=30)
+    targets("st.prune")
+    old = [make_job("st.prune", status=JobStatus.DEAD, closed_at=now - timedelta(days=31))
+           for _ in range(3)]
+    young = make_job("st.prune", status=JobStatus.DEAD, closed_at=now - timedelta(days=29))
+    pending = make_job("st.prune", next_run_at=now - timedelta(days=90))
+    running = make_job("st.prune", status=JobStatus.RUNNING,
+                       lease_until=now - timedelta(days=40))
+
+    assert prune_dead(now, settings, batch=2) == 3  # several batches in one run
+
+    remaining = set(Job.objects.values_list("id", flat=True))
+    assert remaining == {young.id, pending.id, running.id}
+    assert not remaining & {job.id for job in old}
+
+
+def test_pruner_runs_at_most_once_an_hour(targets: Any, now: datetime,
+                                          jobs_settings: Any) -> None:
+    settings = jobs_settings(DEAD_TTL_DAYS=7)
+    targets("st.pruner")
+    clock = FakeMonotonic()
+    pruner = DeadPruner(settings, monotonic=clock)
+    make_job("st.pruner", status=JobStatus.DEAD, closed_at=now - timedelta(days=8))
+
+    assert pruner.maybe_run(now) == 1
+    make_job("st.pruner", status=JobStatus.DEAD, closed_at=now - timedelta(days=8))
+    clock.advance(3599)
+    assert pruner.maybe_run(now) is None
+    assert Job.objects.count() == 1
+    clock.advance(1)
+    assert pruner.maybe_run(now) == 1
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_worker_heartbeat_prunes_old_dead_rows(targets: Any) -> None:
+    targets("st.beat", lane="long")
+    old = make_job("st.beat", status=JobStatus.DEAD, closed_at=store.db_now() - timedelta(days=31))
+    young = make_job("st.beat", status=JobStatus.DEAD, closed_at=store.db_now())
+    settings = load_settings({"PARTITION_LEASE_S": 3, "PARTITION_HEARTBEAT_S": 0.05,
+                              "LONG_LEASE_S": 3, "LONG_HEARTBEAT_S": 0.05}, environ={})
+    worker = WorkerProcess({"long"}, settings)
+    beat = threading.Thread(target=worker._heartbeat_loop, daemon=True)
+    beat.start()
+    try:
+        deadline = time.monotonic() + 10
+        while Job.objects.filter(id=old.id).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker._stop_beats.set()
+        beat.join(timeout=10)
+    assert not Job.objects.filter(id=old.id).exists()
+    assert Job.objects.filter(id=young.id).exists()
+
+
+# -- /metrics ------------------------------------------------------------------------------
+
+
+def families(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    found: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def test_metrics_report_backlog_age_dead_and_runs(targets: Any, now: datetime) -> None:
+    targets("st.m.fast")
+    targets("st.m.long", lane="long")
+    make_job("st.m.fast", next_run_at=now - timedelta(seconds=90))
+    make_job("st.m.fast", next_run_at=now + timedelta(minutes=5))
+    make_job("st.m.long", next_run_at=now - timedelta(seconds=30))
+    make_job("st.m.fast", status=JobStatus.DEAD)
+    store.job_stats_add({(hour_of(now), "st.m.fast", "ok"): 4,
+                         (hour_of(now) - HOUR, "st.m.fast", "ok"): 3,
+                         (hour_of(now), "st.m.fast", "dead"): 1})
+    store.pause_set("st.m.fast", now, 30, "down")
+
+    found = families(metrics.render(now).decode())
+
+    assert found["jobs_backlog"] == {(("lane", "fast"),): 2, (("lane", "long"),): 1}
+    assert found["jobs_oldest_pending_age_seconds"][(("lane", "fast"),)] == pytest.approx(90)
+    assert found["jobs_oldest_pending_age_seconds"][(("lane", "long"),)] == pytest.approx(30)
+    assert found["jobs_dead"] == {(): 1}
+    assert found["jobs_running"] == {(): 0}
+    assert found["jobs_target_paused"] == {(("target", "st.m.fast"),): 1}
+    assert found["jobs_runs_total"] == {(("outcome", "dead"), ("target", "st.m.fast")): 1,
+                                        (("outcome", "ok"), ("target", "st.m.fast")): 7}
+
+
+def test_metrics_endpoint_serves_prometheus_text(targets: Any) -> None:
+    targets("st.m.http")
+    make_job("st.m.http")
+
+    response = Client().get("/metrics")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    text = response.content.decode()
+    assert "# TYPE jobs_backlog gauge" in text
+    assert 'jobs_backlog{lane="fast"} 1.0' in text
+    assert "# TYPE jobs_runs_total counter" in text
+    assert "jobs_workers_live 0.0" in text
+    assert Client().post("/metrics").status_code == 405
