@@ -23,6 +23,10 @@ class SchedulesConfig(AppConfig):
         # The engine imports no schedules code: workers that run the schedules lane
         # (tick_schedules, run_workers) get the tick from this hook.
         register_service(SCHEDULES, worker_service)
+        # Likewise the API: the schedules routes join the engine's NinjaAPI from here.
+        from schedules.api import attach
+
+        attach()
         post_migrate.connect(sync_after_migrate, sender=self,
                              dispatch_uid="schedules.sync_after_migrate")
 

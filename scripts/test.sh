@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite, from nothing: venv, PostgreSQL, lint, tests on
-# PostgreSQL, then the unit/db tests again on SQLite.
+# The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, tests on
+# PostgreSQL (unit, db, real processes, browser), then the unit/db tests again on
+# SQLite.
 #
 #   scripts/test.sh [pytest args...]     (args go to both pytest runs)
 #   KEEP_PG=1 scripts/test.sh            keep a postgres we started running
@@ -27,6 +28,20 @@ PG_URL="$(bash "$ROOT/scripts/postgres.sh" start | tail -n1)" || {
     PG_URL=""
     echo "test.sh: could not start PostgreSQL; its tests count as failed" >&2
 }
+
+# The browser tests (tests/browser, PostgreSQL run) drive Debian's chromium through
+# Playwright; Playwright's own browser download is not used. Install it when missing.
+if [[ ! -x /usr/bin/chromium ]]; then
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        echo "test.sh: installing chromium for the browser tests (apt-get)" >&2
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+            apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+            || echo "test.sh: installing chromium failed; the browser tests will fail" >&2
+    else
+        echo "test.sh: /usr/bin/chromium is missing (install Debian's chromium as root);" \
+             "the browser tests will fail" >&2
+    fi
+fi
 
 declare -a NAMES=() CODES=()
 step() {  # step NAME CMD...: run, record the exit code, never abort
