@@ -9,7 +9,8 @@ this process), L (handler start minus the moment the enqueue call returned after
 commit). Rounds are interleaved (every phase once per round) and medians reported.
 Workers are real ``manage.py run_fast_lane`` / ``run_long_lane`` subprocesses with
 ``DJANGO_SETTINGS_MODULE=bench.settings``; each phase SIGTERMs its workers (SIGKILL
-after a timeout, and on any error).
+after a timeout, and on any error). The ``kafka`` phase starts its own Apache Kafka broker
+(``scripts/kafka.sh``, Java 17 + Maven) and stops it at the end of the run.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import logging
 import os
 import platform
 import pstats
+import secrets
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -59,7 +62,7 @@ from jobs_engine.pauses import PauseGate  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 LOGS = RESULTS / "logs"
-PHASES = ("e100", "e1", "d1", "long", "latency", "poll")
+PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka")
 EXTRA_PHASES = ("profile",)
 
 
@@ -237,6 +240,10 @@ class Options:
     poll_reps: int
     log_level: str
     drain_poll_s: float
+    kafka_n: int = 10_000
+    kafka_keys: int = 1_000
+    kafka_port: int = 19292
+    kafka_dir: str = str(Path(tempfile.gettempdir()) / "jobs-engine-kafka-bench")
 
 
 Metrics = dict[str, float]
@@ -337,22 +344,25 @@ def phase_e1(o: Options) -> Metrics:
 
 
 def drain(o: Options, command: str, target: str, n: int, count: int, name: str,
-          ready: Callable[[], bool]) -> dict[str, float]:
+          ready: Callable[[], bool], env: dict[str, str] | None = None,
+          filler: Callable[[], None] | None = None) -> dict[str, float]:
     """D1: one worker starts on ``n`` pre-enqueued rows (the peers' method). Several
     workers first reach their steady state (partitions balanced / registered), then the
     ``n`` rows are committed in one transaction, so the partition rebalance, which takes
     up to two heartbeats, is start-up and not drain time. Clock: first observed progress
-    → queue empty."""
+    → queue empty. ``env`` goes to the workers; ``filler`` commits the ``n`` rows (default:
+    ``fill(target, n)``)."""
     reset()
-    workers = Workers(command, count, name, {}, o.log_level)
+    workers = Workers(command, count, name, env or {}, o.log_level)
+    load = filler or (lambda: fill(target, n))
     if count == 1:
-        fill(target, n)
+        load()
         analyze()
     with running(workers):
         t_zero = time.perf_counter()
         if count > 1:
             wait_for("steady state", ready, workers, timeout=90)
-            fill(target, n)
+            load()
             t_zero = time.perf_counter()
         t_first = rem_first = None
         deadline = t_zero + max(180.0, n / 20)
@@ -773,9 +783,194 @@ def phase_profile(o: Options) -> Metrics:
     return out
 
 
+# -- kafka: fast lane → a real broker, beside the raw producer -------------------------------
+
+KAFKA_SH = ROOT / "scripts" / "kafka.sh"
+KAFKA_PARTITIONS = 3
+
+
+@dataclass
+class BenchBroker:
+    """``scripts/kafka.sh`` on the bench's own port and data dir. Started on first use,
+    stopped at the end of the run unless it was already running."""
+
+    port: int
+    data_dir: str
+    bootstrap: str = ""
+    started_here: bool = False
+
+    def script(self, *args: str, check: bool = True, timeout: float = 300
+               ) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "JOBS_KAFKA_PORT": str(self.port), "JOBS_KAFKA_DIR": self.data_dir}
+        done = subprocess.run(["bash", str(KAFKA_SH), *args], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"scripts/kafka.sh {' '.join(args)} failed ({done.returncode}):"
+                               f"\n{done.stdout}\n{done.stderr}")
+        return done
+
+    def start(self) -> None:
+        self.started_here = not self.script("status", check=False).stdout.startswith("running")
+        self.bootstrap = self.script("start").stdout.strip().splitlines()[-1]
+
+    def stop(self) -> None:
+        if self.started_here:
+            self.script("stop", check=False)
+
+
+_kafka: BenchBroker | None = None
+
+
+def kafka_broker(o: Options) -> BenchBroker:
+    """The bench broker, running, with the bench topics; the driver's targets point at it."""
+    global _kafka
+    if _kafka is None:
+        broker = BenchBroker(o.kafka_port, o.kafka_dir)
+        started = time.perf_counter()
+        broker.start()
+        _kafka = broker
+        kafka_create_topics(broker.bootstrap,
+                            [targets.kafka_topic(kind) for kind in targets.KAFKA_TOPICS])
+        targets.register_kafka(broker.bootstrap)
+        how = "started" if broker.started_here else "already running"
+        print(f"    kafka broker on {broker.bootstrap} ({how}, "
+              f"{time.perf_counter() - started:.1f}s)", flush=True)
+    return _kafka
+
+
+def stop_kafka() -> None:
+    global _kafka
+    if _kafka is not None:
+        _kafka.stop()
+        _kafka = None
+
+
+def kafka_create_topics(bootstrap: str, topics: list[str]) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(t, KAFKA_PARTITIONS, 1) for t in topics],
+                                  request_timeout=30)
+    for future in futures.values():
+        try:
+            future.result(60)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+def kafka_end_offset(bootstrap: str, topic: str) -> int:
+    """Records appended to ``topic`` so far (the sum of its partitions' high watermarks)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+                   for p in partitions)
+    finally:
+        consumer.close()
+
+
+def kafka_fill(target: str, n: int, keys: int, chunk: int = 500) -> None:
+    """``n`` events over ``keys`` keys, versions 1, 2, ... per key, committed in one
+    transaction in event order (every key's version 1, then every key's version 2, ...)."""
+    with transaction.atomic():
+        for start in range(0, n, chunk):
+            enqueue_many([{"target": target, "payload": payload(i), "key": f"k{i % keys}",
+                           "version": i // keys + 1}
+                          for i in range(start, min(n, start + chunk))])
+
+
+def raw_kafka(bootstrap: str, topic: str, n: int, keys: int, per_flush: int | None) -> float:
+    """The raw ``confluent_kafka.Producer`` with the target's configuration sending the same
+    records (key, compact JSON value, headers event_id/trace_id/traceparent): messages/s
+    from the first ``produce`` to the last delivery report, after a warm-up message (the
+    connection and the topic's metadata are start-up, as the workers' are).
+    ``per_flush``: wait for every report each ``per_flush`` messages (the target's send
+    protocol, without the database); None: produce everything, then flush once."""
+    from confluent_kafka import Producer
+
+    from kafka_target.settings import parse_kafka_settings
+
+    config = parse_kafka_settings({"BOOTSTRAP_SERVERS": bootstrap}, environ={}).producer_config()
+    producer = Producer(config)
+    errors: list[Any] = []
+    delivered = [0]
+
+    def report(err: Any, _msg: Any) -> None:
+        if err is None:
+            delivered[0] += 1
+        else:
+            errors.append(err)
+
+    producer.produce(topic, b"{}", key=b"warm-up", on_delivery=report)
+    producer.flush(30)
+    delivered[0] = 0
+    trace = uuid.uuid4().hex
+    started = time.perf_counter()
+    for i in range(n):
+        value = json.dumps(payload(i), separators=(",", ":"), ensure_ascii=False,
+                           allow_nan=False).encode()
+        headers = [("event_id", str(i).encode()), ("trace_id", trace.encode()),
+                   ("traceparent", f"00-{trace}-{secrets.token_hex(8)}-01".encode())]
+        while True:
+            try:
+                producer.produce(topic, value, key=f"k{i % keys}".encode(), headers=headers,
+                                 on_delivery=report)
+                break
+            except BufferError:  # the client's queue is full: serve reports, then again
+                producer.poll(0.01)
+        if per_flush and (i + 1) % per_flush == 0:
+            producer.flush(30)
+    producer.flush(60)
+    elapsed = time.perf_counter() - started
+    if errors or delivered[0] != n:
+        raise RuntimeError(f"raw producer: {delivered[0]} of {n} delivered, errors {errors[:3]}")
+    return n / elapsed
+
+
+def phase_kafka(o: Options) -> Metrics:
+    """Fast lane → Kafka end to end: ``kafka_n`` pre-enqueued events drained by 1 and 3
+    ``run_fast_lane`` processes per delivery mode (a row is deleted only after its delivery
+    report, so an empty queue means the broker acknowledged every record; the topic's end
+    offsets are checked too), then the raw producer on the same records in the same round."""
+    broker = kafka_broker(o)
+    env = targets.kafka_settings(broker.bootstrap)
+    out: Metrics = {}
+    for kind in targets.KAFKA_TOPICS:
+        target, topic = targets.kafka_target(kind), targets.kafka_topic(kind)
+        for count in (1, 3):
+            before = kafka_end_offset(broker.bootstrap, topic)
+            r = drain(o, "run_fast_lane", target, o.kafka_n, count,
+                      f"kafka-{kind}-{count}w", lambda c=count: partitions_balanced(c), env=env,
+                      filler=lambda t=target: kafka_fill(t, o.kafka_n, o.kafka_keys))
+            appended = kafka_end_offset(broker.bootstrap, topic) - before
+            out[f"kafka:{kind}:{count}"] = r["rate"]
+            out[f"kafka:{kind}:{count}:startup_s"] = r["startup_s"]
+            out[f"kafka:{kind}:{count}:dead"] = r["dead"]
+            out[f"kafka:{kind}:{count}:missing"] = o.kafka_n - appended
+            print(f"    kafka {kind} {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
+                  f"start-up {r['startup_s']:.2f}s, dead {r['dead']}, records appended "
+                  f"{appended:,})", flush=True)
+    topic = targets.kafka_topic("at-most-once")
+    out["kafka_raw"] = raw_kafka(broker.bootstrap, topic, o.kafka_n, o.kafka_keys, None)
+    out["kafka_raw:100"] = raw_kafka(broker.bootstrap, topic, o.kafka_n, o.kafka_keys, 100)
+    for kind in targets.KAFKA_TOPICS:
+        for count in (1, 3):
+            out[f"kafka_ratio:{kind}:{count}"] = out[f"kafka:{kind}:{count}"] / out["kafka_raw"]
+    print(f"    raw producer: {out['kafka_raw']:,.0f} msg/s produce-all-then-flush, "
+          f"{out['kafka_raw:100']:,.0f} msg/s flushing every 100", flush=True)
+    reset()
+    return out
+
+
 PHASE_FUNCS: dict[str, Callable[[Options], Metrics]] = {
     "e100": phase_e100, "e1": phase_e1, "d1": phase_d1, "long": phase_long,
     "latency": phase_latency, "poll": phase_poll, "profile": phase_profile,
+    "kafka": phase_kafka,
 }
 
 
@@ -857,6 +1052,25 @@ def rows_for(o: Options) -> list[Row]:
             f"in {o.poll_big:,}", "ms"),
         Row("poll:long_ratio", "long candidates ratio big / small", "x"),
     ]
+    workers = {1: "1 worker", 3: "3 workers"}
+    for kind in targets.KAFKA_TOPICS:
+        for count in (1, 3):
+            rows.append(Row(
+                f"kafka:{kind}:{count}", f"Kafka: fast lane → broker, {kind}, {workers[count]} "
+                f"({o.kafka_n:,} jobs, {o.kafka_keys:,} keys)", "jobs/s",
+                "≥ 5,000" if count == 1 else "", (lambda v: v >= 5_000) if count == 1 else None))
+    rows += [
+        Row("kafka_raw", "  Kafka raw confluent-kafka Producer, same records and config, "
+            "produce all then flush, same session", "jobs/s"),
+        Row("kafka_raw:100", "  Kafka raw Producer, flush every 100 (the target's send "
+            "protocol without the database), same session", "jobs/s"),
+    ]
+    for kind in targets.KAFKA_TOPICS:
+        for count in (1, 3):
+            rows.append(Row(
+                f"kafka_ratio:{kind}:{count}", f"Kafka ratio fast lane / raw producer, {kind}, "
+                f"{workers[count]}", "x", "≥ 0.25x" if count == 1 else "",
+                (lambda v: v >= 0.25) if count == 1 else None))
     return rows
 
 
@@ -904,19 +1118,40 @@ def machine() -> str:
 
 
 def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
+    def measured(*prefixes: str) -> bool:  # a note only for the phases that ran
+        return any(key.startswith(prefixes) for key in results)
+
     out = [
         f"- {rounds} interleaved round(s); medians. Worker log level {o.log_level} "
         "(the peers' Procrastinate ran at warning).",
-        "- D1, 1 worker: rows pre-enqueued, then the worker is spawned (BENCH.md method). "
-        "D1, 3 workers: the workers start first and reach their steady state (fast lane: "
-        "partitions balanced, which takes up to two PARTITION_HEARTBEAT_S; long lane: all "
-        "registered), then the rows are committed in one transaction. Clock: first observed "
-        f"progress → queue empty, polled every {o.drain_poll_s * 1000:.0f} ms from the bench.",
-        "- Latency: handler start (time.time() in the worker, appended to a file) - the "
-        "moment the autocommit enqueue() returned in the bench; fast lane, at-most-once target.",
-        "- Poll cost: store.jobs_fast_due, partitions 0-20 held, limit 100, after VACUUM "
-        "ANALYZE; plans in bench/results/explain_fast_poll.txt.",
     ]
+    if measured("d1", "kafka"):
+        out.append(
+            "- D1, 1 worker: rows pre-enqueued, then the worker is spawned (BENCH.md method). "
+            "D1, 3 workers: the workers start first and reach their steady state (fast lane: "
+            "partitions balanced, which takes up to two PARTITION_HEARTBEAT_S; long lane: all "
+            "registered), then the rows are committed in one transaction. Clock: first observed "
+            f"progress → queue empty, polled every {o.drain_poll_s * 1000:.0f} ms from the "
+            "bench.")
+    if measured("lat:"):
+        out.append(
+            "- Latency: handler start (time.time() in the worker, appended to a file) - the "
+            "moment the autocommit enqueue() returned in the bench; fast lane, at-most-once "
+            "target.")
+    if measured("poll:"):
+        out.append(
+            "- Poll cost: store.jobs_fast_due, partitions 0-20 held, limit 100, after VACUUM "
+            "ANALYZE; plans in bench/results/explain_fast_poll.txt.")
+    if measured("kafka"):
+        out.append(
+            f"- Kafka: a real Apache Kafka broker (scripts/kafka.sh, one node, loopback), "
+            f"topics of {KAFKA_PARTITIONS} partitions; the targets' producer config (acks=all, "
+            "retries off, linger default). Fast lane: as D1 (real run_fast_lane processes, "
+            "clock from first progress to an empty queue); a row is deleted only after its "
+            "delivery report, and the topic's end offsets are checked after each drain. Raw "
+            "producer: same records (key, JSON value, event_id/trace_id/traceparent headers) "
+            "in this process after a warm-up message. Ratio: per round, fast lane / raw "
+            "produce-all-then-flush.")
     for key in [k for k in results if k.endswith(":dead") or k.endswith(":missing")]:
         if any(results[key]):
             out.append(f"- WARNING {key}: {results[key]}")
@@ -945,6 +1180,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-reps", type=int, default=50)
     p.add_argument("--worker-log-level", default="WARNING")
     p.add_argument("--drain-poll-ms", type=float, default=20)
+    p.add_argument("--kafka-n", type=int, default=10_000)
+    p.add_argument("--kafka-keys", type=int, default=1_000)
+    p.add_argument("--kafka-port", type=int, default=19292,
+                   help="port of the bench's own broker (scripts/kafka.sh JOBS_KAFKA_PORT)")
+    p.add_argument("--kafka-dir", default=Options.kafka_dir,
+                   help="its data dir (JOBS_KAFKA_DIR)")
     p.add_argument("--output", default=str(RESULTS / "latest.md"))
     args = p.parse_args(argv)
     phases = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -953,7 +1194,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown phases: {', '.join(sorted(unknown))}")
     o = Options(args.e100_n, args.e1_n, args.d1_n, args.long_n, args.lat_n, args.lat_rate,
                 args.poll_small, args.poll_big, args.poll_reps, args.worker_log_level.upper(),
-                args.drain_poll_ms / 1000)
+                args.drain_poll_ms / 1000, args.kafka_n, args.kafka_keys, args.kafka_port,
+                args.kafka_dir)
     logging.getLogger("jobs_engine").setLevel(logging.WARNING)  # the driver's own enqueues
     call_command("migrate", verbosity=0)
     store.partitions_seed(jobs_settings().PARTITIONS)
@@ -976,6 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
         raise
     finally:
         kill_all()
+        stop_kafka()
         with contextlib.suppress(Exception):
             reset()
     elapsed = time.perf_counter() - started
@@ -985,7 +1228,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{notes(results, o, args.rounds)}\n")
     print("\n" + text)
     Path(args.output).write_text(text)
-    (RESULTS / "latest.json").write_text(json.dumps(
+    Path(args.output).with_suffix(".json").write_text(json.dumps(
         {"machine": info, "options": o.__dict__, "results": results}, indent=1))
     print(f"written {args.output}")
     return 0

@@ -1,8 +1,12 @@
-"""The bench targets: no-op handlers of each kind, and a latency probe.
+"""The bench targets: no-op handlers of each kind, a latency probe, and the Kafka topics.
 
 The latency handler appends ``<dedupe_key> <time.time()>`` to the file named by the
 ``BENCH_LAT_FILE`` environment variable first thing, so the driver can pair it with the
 moment its enqueue call returned.
+
+The Kafka targets are the real ``kafka_target`` ones: worker processes get them from the
+environment (``kafka_env``: ``JOBS_KAFKA_BOOTSTRAP_SERVERS``/``JOBS_KAFKA_EXTRA_TOPICS``
+override ``JOBS["KAFKA"]``), the driver registers the same ones (``register_kafka``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,38 @@ FAST_KINDS = {
     "at-least-once per-row": AT_LEAST_ONCE,
     "batch_handler": BATCH,
 }
+
+
+# Kafka phase: delivery mode -> EXTRA_TOPICS entry (one topic per mode).
+KAFKA_TOPICS = {
+    "at-most-once": "bench.kafka",
+    "at-least-once": "bench.kafka-alo:at_least_once",
+}
+
+
+def kafka_topic(kind: str) -> str:
+    return KAFKA_TOPICS[kind].split(":")[0]
+
+
+def kafka_target(kind: str) -> str:
+    return f"kafka:{kafka_topic(kind)}"
+
+
+def kafka_settings(bootstrap: str) -> dict[str, str]:
+    """The ``JOBS["KAFKA"]`` of the bench's broker, as environment overrides."""
+    return {"JOBS_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "JOBS_KAFKA_ENABLED": "on",
+            "JOBS_KAFKA_EXTRA_TOPICS": ",".join(KAFKA_TOPICS.values())}
+
+
+def register_kafka(bootstrap: str) -> None:
+    """Register the bench's Kafka targets in this process, as the workers get them (again
+    if they exist: the driver may be pointed at another broker)."""
+    from kafka_target.settings import parse_kafka_settings
+    from kafka_target.target import register_topics
+
+    for kind in KAFKA_TOPICS:
+        registry.unregister_target(kafka_target(kind))
+    register_topics(parse_kafka_settings({}, environ=kafka_settings(bootstrap)))
 
 
 def noop(job: Job) -> None:

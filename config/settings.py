@@ -91,8 +91,20 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
 
+# The demo's order events (examples.orders) go to kafka:<DEMO_ORDERS_TOPIC>.
+DEMO_ORDERS_TOPIC = os.environ.get("DEMO_ORDERS_TOPIC", "demo.orders")
+
 # Every tuning number of the engine; each may be overridden by env JOBS_<NAME>.
-JOBS: dict = {}
+JOBS: dict = {
+    # Kafka targets (kafka_target): one kafka:<topic> fast-lane target per EXTRA_TOPICS entry.
+    # With no broker running, the targets pause (TargetUnreachable) and their rows wait.
+    # JOBS_KAFKA_BOOTSTRAP_SERVERS / _ENABLED / _EXTRA_TOPICS override these per process.
+    "KAFKA": {
+        "BOOTSTRAP_SERVERS": os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"),
+        "ENABLED": os.environ.get("KAFKA_ENABLED", "on"),
+        "EXTRA_TOPICS": [f"{DEMO_ORDERS_TOPIC}:at_least_once"],
+    },
+}
 
 LOGGING = {
     "version": 1,
@@ -101,6 +113,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "jobs_engine": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
+        # kafka_target.librdkafka: the Kafka client's own log lines (repeats rate-limited).
+        "kafka_target": {"handlers": ["console"],
+                         "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
         "examples": {"handlers": ["console"], "level": "INFO"},
     },
 }

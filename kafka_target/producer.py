@@ -14,7 +14,9 @@ report (success, a broker error, or ``_MSG_TIMED_OUT`` at ``message.timeout.ms``
 still open at the send deadline is purged from flight too (``_PURGE_INFLIGHT``: unknown).
 
 Between sends a daemon thread polls the client once a second, so librdkafka's log and
-error events (routed to the ``kafka_target.librdkafka`` logger) never pile up.
+error events (routed to the ``kafka_target.librdkafka`` logger) never pile up. A line the
+client repeats (a broker that is down: "Connection refused" at every reconnect, about once a
+second) is logged once per ``REPEAT_LOG_S``; the send's outcome already carries the reason.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -33,6 +36,44 @@ from kafka_target.settings import QUEUE_WAIT_S, SEND_DEADLINE_S
 logger = logging.getLogger("kafka_target")
 # librdkafka's own log lines, routed through Python logging instead of raw stderr.
 client_logger = logging.getLogger("kafka_target.librdkafka")
+
+REPEAT_LOG_S = 30.0  # about one probe period (PROBE_S) of a paused target
+# The parts of a librdkafka line that change between repeats of the same event.
+_VARYING = re.compile(r"\(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)"
+                      r"|#producer-\d+")
+
+
+class RepeatFilter(logging.Filter):
+    """Passes a librdkafka line at most once per ``interval`` seconds; the next one that
+    passes says how many repeats were dropped. Lines that differ pass at once."""
+
+    def __init__(self, interval: float = REPEAT_LOG_S,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self._monotonic = monotonic
+        self._seen: dict[str, tuple[float, int]] = {}  # line -> (last passed, dropped since)
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        line = _VARYING.sub("", text)
+        now = self._monotonic()
+        with self._lock:
+            seen = self._seen.get(line)
+            if seen is not None and now - seen[0] < self.interval:
+                self._seen[line] = (seen[0], seen[1] + 1)
+                return False
+            if len(self._seen) > 256:  # bounded: forget old lines rather than grow
+                self._seen.clear()
+            self._seen[line] = (now, 0)
+        if seen is not None and seen[1]:
+            record.msg, record.args = (
+                f"{text} [{seen[1]} repeat(s) in the last {now - seen[0]:.0f} s not logged]", ())
+        return True
+
+
+client_logger.addFilter(RepeatFilter())
 
 
 @dataclass(frozen=True)

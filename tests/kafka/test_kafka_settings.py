@@ -164,10 +164,11 @@ def test_system_check_asks_librdkafka_about_client_settings(settings: Any) -> No
     assert 'Invalid value "zip"' in (kafka_settings_problem() or "")
 
 
-def test_no_kafka_targets_from_the_project_settings() -> None:
-    """The project's own settings declare no topics: ready() registered none (the tests
-    register theirs explicitly)."""
-    assert [t.name for t in all_targets() if t.name.startswith("kafka:")] == []
+def test_the_project_settings_register_only_the_demo_topic() -> None:
+    """The project's own settings declare one topic, the demo's order events
+    (``examples.orders``); the tests register theirs explicitly."""
+    assert [t.name for t in all_targets() if t.name.startswith("kafka:")] == [
+        "kafka:demo.orders"]
 
 
 def test_ready_registers_the_configured_topics(settings: Any) -> None:
@@ -195,8 +196,10 @@ def test_ready_with_bad_settings_registers_nothing(settings: Any,
     stops the commands)."""
     from django.apps import apps
 
+    before = [t.name for t in all_targets() if t.name.startswith("kafka:")]
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:1",
                                "EXTRA_TOPICS": "jt.fine,bad topic"}}
     apps.get_app_config("kafka_target").ready()
-    assert [t.name for t in all_targets() if t.name.startswith("kafka:")] == []
+    assert [t.name for t in all_targets() if t.name.startswith("kafka:")] == before
+    assert "kafka:jt.fine" not in before
     assert "kafka targets not registered" in caplog.text and "'bad topic'" in caplog.text
