@@ -73,3 +73,9 @@ def dead_signals() -> Iterator[list[dict[str, Any]]]:
     job_dead.connect(receiver, weak=False, dispatch_uid="tests.dead_signals")
     yield got
     job_dead.disconnect(dispatch_uid="tests.dead_signals")
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings: Any) -> None:
+    """Test users' passwords hashed cheaply (the default hasher takes ~0.5 s a user)."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

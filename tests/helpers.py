@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from django.db import connection
@@ -49,3 +51,25 @@ def race(*steps: Callable[[], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def fast_poller(prefix: str = "fast") -> Callable[[datetime], int]:
+    """One fast-lane worker: a function that heartbeats (taking its partitions) and polls
+    once at the given time."""
+    from jobs_engine import conf, store
+    from jobs_engine.fast_lane import FastLane
+    from jobs_engine.leases import PartitionLeases
+    from jobs_engine.pauses import PauseGate
+
+    settings = conf.jobs_settings()
+    worker_id = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    clock = FakeMonotonic()
+    leases = PartitionLeases(worker_id, settings, monotonic=clock)
+    fast = FastLane(worker_id, settings, leases, PauseGate(worker_id, settings), monotonic=clock)
+    store.partitions_seed(settings.PARTITIONS)
+
+    def poll(at: datetime) -> int:
+        leases.heartbeat(at)
+        return fast.run_once(at)
+
+    return poll

@@ -5,7 +5,6 @@ record for every attempt (seed 000 §4 API rows, §12 G2)."""
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -13,16 +12,13 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from jobs_engine import conf, operations, store
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases
+from jobs_engine import operations, store
 from jobs_engine.models import AuditRecord, Job, TargetPause
 from jobs_engine.operations import Actor, InvalidStatus, JobNotFound, OperationRefused
-from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Job as HandlerJob
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job, manager
-from tests.helpers import FakeMonotonic, race
+from tests.helpers import fast_poller, race
 
 pytestmark = pytest.mark.django_db
 
@@ -32,20 +28,6 @@ def user() -> User:
     return manager()
 
 
-def fast_poller() -> Callable[[datetime], int]:
-    """One fast-lane worker: takes its partitions and polls once at the given time."""
-    settings = conf.jobs_settings()
-    worker_id = f"ops-{uuid.uuid4().hex[:6]}"
-    clock = FakeMonotonic()
-    leases = PartitionLeases(worker_id, settings, monotonic=clock)
-    fast = FastLane(worker_id, settings, leases, PauseGate(worker_id, settings), monotonic=clock)
-    store.partitions_seed(settings.PARTITIONS)
-
-    def poll(at: datetime) -> int:
-        leases.heartbeat(at)
-        return fast.run_once(at)
-
-    return poll
 
 
 def audits(action: str) -> list[AuditRecord]:

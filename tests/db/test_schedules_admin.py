@@ -30,11 +30,6 @@ CHANGELIST = reverse("admin:schedules_schedule_changelist")
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
-@pytest.fixture(autouse=True)
-def fast_passwords(settings: Any) -> None:
-    """Test users' passwords hashed cheaply (the default hasher takes ~0.5 s a user)."""
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
 
 @pytest.fixture
 def client() -> Client:

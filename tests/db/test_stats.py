@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,8 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from jobs_engine import conf, metrics, outcomes, store
 from jobs_engine.conf import load_settings
 from jobs_engine.errors import DeadNow, TargetUnreachable
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases
 from jobs_engine.long_lane import LongLane
 from jobs_engine.models import Job, JobStat
 from jobs_engine.pauses import PauseGate
@@ -30,7 +27,7 @@ from jobs_engine.retention import DeadPruner, prune_dead
 from jobs_engine.states import JobStatus
 from jobs_engine.worker import WorkerProcess
 from tests.db.operator_helpers import make_job
-from tests.helpers import FakeMonotonic
+from tests.helpers import FakeMonotonic, fast_poller
 
 pytestmark = pytest.mark.django_db
 
@@ -51,19 +48,6 @@ def raising(exc: BaseException) -> Callable[[HandlerJob], None]:
     return handler
 
 
-def fast_poller() -> Callable[[datetime], int]:
-    settings = conf.jobs_settings()
-    worker_id = f"stats-{uuid.uuid4().hex[:6]}"
-    clock = FakeMonotonic()
-    leases = PartitionLeases(worker_id, settings, monotonic=clock)
-    fast = FastLane(worker_id, settings, leases, PauseGate(worker_id, settings), monotonic=clock)
-    store.partitions_seed(settings.PARTITIONS)
-
-    def poll(at: datetime) -> int:
-        leases.heartbeat(at)
-        return fast.run_once(at)
-
-    return poll
 
 
 # -- hourly counts -------------------------------------------------------------------------
