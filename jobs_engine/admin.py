@@ -165,29 +165,34 @@ class JobChangeList(ChangeList):
 # -- jobs ----------------------------------------------------------------------------------
 
 
-def _bulk(modeladmin: ManagedAdmin, request: HttpRequest, queryset: QuerySet, verb: str,
-          action: Callable[[int, Any], Any]) -> None:
-    """Run ``action`` on each selected row; report how many were done and why the rest
+def _bulk(modeladmin: ManagedAdmin, request: HttpRequest, keys: list[Any], verb: str,
+          noun: str, action: Callable[[Any, Any], Any]) -> None:
+    """Run ``action`` on each selected row (at most ``BULK_LIMIT``; ``keys`` may hold one
+    more to tell that the selection was cut); report how many were done and why the rest
     were refused."""
-    ids = list(queryset.order_by("-id").values_list("id", flat=True)[: BULK_LIMIT + 1])
-    more = len(ids) > BULK_LIMIT
     done, refused = 0, []
-    for job_id in ids[:BULK_LIMIT]:
+    for key in keys[:BULK_LIMIT]:
         try:
-            action(job_id, request.user)
+            action(key, request.user)
             done += 1
         except OperationRefused as exc:
             refused.append(exc.message)
     if done:
-        modeladmin.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+        modeladmin.message_user(request, f"{verb} {done} {noun}(s).", messages.SUCCESS)
     if refused:
         shown = "; ".join(refused[:10]) + (" …" if len(refused) > 10 else "")
-        modeladmin.message_user(request, f"Refused {len(refused)} job(s): {shown}",
+        modeladmin.message_user(request, f"Refused {len(refused)} {noun}(s): {shown}",
                                 messages.WARNING)
-    if more:
+    if len(keys) > BULK_LIMIT:
         modeladmin.message_user(
-            request, f"Only the first {BULK_LIMIT} selected jobs were handled; run the action "
-            "again for the rest.", messages.WARNING)
+            request, f"Only the first {BULK_LIMIT} selected {noun}s were handled; run the "
+            "action again for the rest.", messages.WARNING)
+
+
+def _bulk_jobs(modeladmin: ManagedAdmin, request: HttpRequest, queryset: QuerySet, verb: str,
+               action: Callable[[int, Any], Any]) -> None:
+    ids = list(queryset.order_by("-id").values_list("id", flat=True)[: BULK_LIMIT + 1])
+    _bulk(modeladmin, request, ids, verb, "job", action)
 
 
 @admin.register(Job)
@@ -244,16 +249,16 @@ class JobAdmin(ManagedAdmin):
 
     @admin.action(description="Retry selected DEAD jobs", permissions=["manage"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _bulk(self, request, queryset, "Retried", operations.retry_job)
+        _bulk_jobs(self, request, queryset, "Retried", operations.retry_job)
 
     @admin.action(description="Skip (delete) selected DEAD jobs", permissions=["manage"])
     def skip_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _bulk(self, request, queryset, "Skipped", operations.skip_job)
+        _bulk_jobs(self, request, queryset, "Skipped", operations.skip_job)
 
     @admin.action(description="Cancel selected jobs that have not run",
                   permissions=["manage"])
     def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        _bulk(self, request, queryset, "Cancelled", operations.cancel_job)
+        _bulk_jobs(self, request, queryset, "Cancelled", operations.cancel_job)
 
     # -- single-row buttons on the change page -------------------------------------------
 
@@ -361,18 +366,8 @@ class TargetPauseAdmin(ManagedAdmin):
 
     @admin.action(description="Resume selected targets now", permissions=["manage"])
     def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
-        done, refused = 0, []
-        for target in list(queryset.values_list("target", flat=True)[:BULK_LIMIT]):
-            try:
-                operations.resume_target(target, request.user)
-                done += 1
-            except OperationRefused as exc:
-                refused.append(exc.message)
-        if done:
-            self.message_user(request, f"Resumed {done} target(s).", messages.SUCCESS)
-        if refused:
-            self.message_user(request, f"Refused {len(refused)}: {'; '.join(refused)}",
-                              messages.WARNING)
+        targets = list(queryset.values_list("target", flat=True)[: BULK_LIMIT + 1])
+        _bulk(self, request, targets, "Resumed", "target", operations.resume_target)
 
 
 # -- statistics and audit ------------------------------------------------------------------

@@ -73,3 +73,15 @@ def fast_poller(prefix: str = "fast") -> Callable[[datetime], int]:
         return fast.run_once(at)
 
     return poll
+
+
+def require_postgres(suite: str, why: str) -> None:
+    """Refuse to collect ``suite`` on SQLite (a loud usage error, never a silent skip)."""
+    import pytest
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if "postgresql" not in engine:
+        raise pytest.UsageError(
+            f"{suite} {why} and needs PostgreSQL; set DATABASE_URL=postgres://... or do not "
+            f"select {suite} on SQLite. Database engine in use: {engine}")

@@ -17,15 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from playwright.sync_api import Browser, Page, sync_playwright
 
-if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
-    raise pytest.UsageError(
-        "tests/browser drives a real browser against the live server and needs PostgreSQL; "
-        "set DATABASE_URL=postgres://... or do not select tests/browser on SQLite. "
-        f"Database engine in use: {settings.DATABASES['default']['ENGINE']}"
-    )
+from tests.helpers import require_postgres
+
+require_postgres("tests/browser", "drives a real browser against the live server")
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 
 from jobs_engine import conf, registry, store
 from jobs_engine.conf import JobsSettings
@@ -35,14 +34,9 @@ from jobs_engine.registry import Target
 from kafka_target.producer import close_producers
 from kafka_target.settings import parse_kafka_settings
 from kafka_target.target import register_topics
-from tests.helpers import FakeMonotonic
+from tests.helpers import FakeMonotonic, require_postgres
 
-if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
-    raise pytest.UsageError(
-        "tests/kafka runs fast-lane workers against a real Kafka broker and needs PostgreSQL; "
-        "set DATABASE_URL=postgres://... or do not select tests/kafka on SQLite. Database "
-        f"engine in use: {settings.DATABASES['default']['ENGINE']}"
-    )
+require_postgres("tests/kafka", "runs fast-lane workers against a real Kafka broker")
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO_ROOT / "scripts" / "kafka.sh"

@@ -12,20 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from django.conf import settings
 from django.db import connection
 
 from jobs_engine import registry
+from tests.helpers import require_postgres
 from tests.process import worker_targets
 from tests.process.harness import WorkerCluster, database_url
 
-if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
-    raise pytest.UsageError(
-        "tests/process starts real worker processes and needs PostgreSQL (LISTEN/NOTIFY, "
-        "SKIP LOCKED, cross-process commits); set DATABASE_URL=postgres://... or do not "
-        "select tests/process on SQLite. Database engine in use: "
-        f"{settings.DATABASES['default']['ENGINE']}"
-    )
+require_postgres("tests/process", "starts real worker processes (LISTEN/NOTIFY, SKIP LOCKED, "
+                 "cross-process commits)")
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
