@@ -43,7 +43,7 @@ class Outcome:
 
     @classmethod
     def succeeded(cls) -> Outcome:
-        return cls(OutcomeKind.SUCCEEDED)
+        return _SUCCEEDED
 
     @classmethod
     def retry(cls, run_at: datetime, error: str) -> Outcome:
@@ -57,6 +57,9 @@ class Outcome:
     def dead(cls, error: str, *, pause_target: bool = False, spend_attempt: bool = False
              ) -> Outcome:
         return cls(OutcomeKind.DEAD, error, pause_target=pause_target, spend_attempt=spend_attempt)
+
+
+_SUCCEEDED = Outcome(OutcomeKind.SUCCEEDED)  # one for every success: the hot path's outcome
 
 
 def describe(exc: BaseException) -> str:
@@ -168,8 +171,8 @@ def count_runs(results: Sequence[RunResult], now: datetime) -> None:
     are evidence, not state: a failed write is logged and the outcomes stand."""
     if not results:
         return
-    counts = Counter((stat_hour(now), r.row.target, STAT_OUTCOMES[r.outcome.kind])
-                     for r in results)
+    hour = stat_hour(now)
+    counts = Counter((hour, r.row.target, STAT_OUTCOMES[r.outcome.kind]) for r in results)
     try:
         store.job_stats_add(counts)
     except Exception:

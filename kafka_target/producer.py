@@ -28,8 +28,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kafka_target.settings import QUEUE_WAIT_S, SEND_DEADLINE_S
 
@@ -76,12 +75,11 @@ class RepeatFilter(logging.Filter):
 client_logger.addFilter(RepeatFilter())
 
 
-@dataclass(frozen=True)
-class OutMessage:
+class OutMessage(NamedTuple):
     topic: str
     value: bytes
     key: bytes | None = None
-    headers: tuple[tuple[str, bytes | None], ...] = ()
+    headers: Sequence[tuple[str, bytes | None]] = ()
 
 
 class ProducerUnavailable(Exception):
@@ -186,7 +184,7 @@ class KafkaProducer:
         for index, message in enumerate(messages):
             try:
                 producer.produce(message.topic, message.value, key=message.key,
-                                 headers=list(message.headers), on_delivery=reporter(index))
+                                 headers=message.headers, on_delivery=reporter(index))
             except KafkaException as exc:  # refused by the client before queueing
                 results[index] = exc.args[0]
             except BufferError as exc:

@@ -32,8 +32,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import re
-import secrets
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -124,10 +124,14 @@ def traceparent(trace_id: str) -> str:
     trace = trace_id.lower()
     if not _HEX32.fullmatch(trace) or trace == "0" * 32:
         trace = hashlib.sha256(trace_id.encode()).hexdigest()[:32]
-    span = secrets.token_hex(8)
-    while span == "0" * 16:  # W3C: an all-zero parent id is invalid
-        span = secrets.token_hex(8)
-    return f"00-{trace}-{span}-01"
+    # A span id is unique, not secret: the fast generator (an all-zero id is invalid).
+    span = random.getrandbits(64) or 1
+    return f"00-{trace}-{span:016x}-01"
+
+
+# One encoder for every record: ``json.dumps`` with options builds a new one per call.
+_VALUE_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_HEADER_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def _header_value(value: Any) -> bytes | None:
@@ -135,24 +139,22 @@ def _header_value(value: Any) -> bytes | None:
         return None
     if isinstance(value, str):
         return value.encode()
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return _HEADER_ENCODER.encode(value).encode()
 
 
 def build_message(job: Job, topic: str) -> OutMessage:
     """The Kafka record of ``job``; raises ``DeadNow`` for an empty value."""
     if job.payload is None:
         raise DeadNow(f"kafka refused the record for {topic}: empty value (payload is None)")
-    value = json.dumps(job.payload, separators=(",", ":"), ensure_ascii=False,
-                       allow_nan=False).encode()
+    value = _VALUE_ENCODER.encode(job.payload).encode()
     headers: dict[str, bytes | None] = {"event_id": str(job.id).encode()}
     if job.trace_id:
         headers["trace_id"] = job.trace_id.encode()
         headers["traceparent"] = traceparent(job.trace_id).encode()
-    for name, header in (job.headers or {}).items():
+    for name, header in job.headers.items() if job.headers else ():
         headers[str(name)] = _header_value(header)
-    return OutMessage(topic=topic, value=value,
-                      key=job.key.encode() if job.key is not None else None,
-                      headers=tuple(headers.items()))
+    return OutMessage(topic, value, job.key.encode() if job.key is not None else None,
+                      list(headers.items()))
 
 
 # -- the target ---------------------------------------------------------------------
