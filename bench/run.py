@@ -640,7 +640,7 @@ def explain(query: str, params: Any) -> str:
 
 
 # What a worker with the bench targets registered reads (the poll runs once per target).
-POLL_TARGETS = [targets.AT_MOST_ONCE]
+POLL_TARGETS = {targets.AT_MOST_ONCE: 100}  # target -> rows per poll
 
 
 def poll_at(n: int, reps: int, held_front: bool = False) -> dict[str, Any]:
@@ -652,10 +652,10 @@ def poll_at(n: int, reps: int, held_front: bool = False) -> dict[str, Any]:
     handed = 0
     for _ in range(reps):
         t = time.perf_counter()
-        handed = len(store.jobs_fast_due(POLL_PARTITIONS, now, 100, POLL_TARGETS))
+        handed = len(store.jobs_fast_due(POLL_PARTITIONS, now, POLL_TARGETS))
         times.append((time.perf_counter() - t) * 1000)
     fast_sql, fast_params = capture_sql(
-        lambda: store.jobs_fast_due(POLL_PARTITIONS, now, 100, POLL_TARGETS))[-1]
+        lambda: store.jobs_fast_due(POLL_PARTITIONS, now, POLL_TARGETS))[-1]
     long_sql, long_params = long_candidate_sql()
     return {"n": n, "poll_ms": statistics.median(times), "rows": handed, "build_s": built_s,
             "long_ms": time_query(long_sql, long_params, reps),

@@ -73,9 +73,10 @@ class FastLane:
 
         gate = self.pauses.check(now, Lane.FAST)
         # Only targets registered here: another release's rows wait for its own workers.
-        readable = sorted(t.name for t in all_targets()
-                          if t.lane is Lane.FAST and not t.lossy and t.name not in gate.skip)
-        rows = store.jobs_fast_due(held, now, self.settings.FAST_BATCH, readable)
+        limits = {t.name: t.batch_size or self.settings.FAST_BATCH
+                  for t in sorted(all_targets(), key=lambda t: t.name)
+                  if t.lane is Lane.FAST and not t.lossy and t.name not in gate.skip}
+        rows = store.jobs_fast_due(held, now, limits)
         rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent rows stay PENDING
         if not rows:
             return 0

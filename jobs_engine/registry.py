@@ -53,6 +53,9 @@ class Target:
     max_attempts: int | None = None  # None: the JOBS MAX_ATTEMPTS setting
     retry_delays: tuple[float, ...] | None = None  # None: the JOBS RETRY_DELAYS setting
     batch_handler: BatchHandler | None = None
+    # Fast lane: rows of this target read in one poll, and so handed in one send when
+    # sends take the whole poll (a batch handler, at-least-once). None: JOBS FAST_BATCH.
+    batch_size: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
 
 
@@ -71,6 +74,7 @@ def register_target(
     max_attempts: int | None = None,
     retry_delays: Sequence[float] | None = None,
     batch_handler: BatchHandler | None = None,
+    batch_size: int | None = None,
 ) -> Target:
     """Register a target; every check runs before the registry changes."""
     if not isinstance(name, str) or not name.strip():
@@ -95,6 +99,9 @@ def register_target(
     if max_attempts is not None and (isinstance(max_attempts, bool)
                                      or not isinstance(max_attempts, int) or max_attempts < 1):
         raise InvalidJob("max_attempts", f"must be an integer >= 1, got {max_attempts!r}")
+    if batch_size is not None and (isinstance(batch_size, bool)
+                                   or not isinstance(batch_size, int) or batch_size < 1):
+        raise InvalidJob("batch_size", f"must be an integer >= 1, got {batch_size!r}")
     delays: tuple[float, ...] | None = None
     if retry_delays is not None:
         delays = tuple(retry_delays)
@@ -105,7 +112,7 @@ def register_target(
     target = Target(
         name=name, handler=handler, lane=lane, delivery_mode=delivery_mode, lossy=lossy,
         exclusive=exclusive, max_attempts=max_attempts, retry_delays=delays,
-        batch_handler=batch_handler,
+        batch_handler=batch_handler, batch_size=batch_size,
     )
     with _lock:
         if name in _targets:

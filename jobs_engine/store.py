@@ -481,10 +481,10 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
 
 
 def jobs_fast_due(
-    partitions: Sequence[int], now: datetime, limit: int, targets: Sequence[str]
+    partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
 ) -> list[JobRow]:
-    """Due PENDING fast-lane rows of ``targets`` in the given partitions, each the head of
-    its key, in run order.
+    """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) in
+    the given partitions, each the head of its key, in run order.
 
     A row is the head when no PENDING row of the same target and key comes before it in
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
@@ -493,7 +493,7 @@ def jobs_fast_due(
     target, so a paused target's backlog is never walked, and each hold test is one
     probe of ``jobs_pending_key_order``.
     """
-    if not targets or not partitions:
+    if not limits or not partitions:
         return []
     part_clause, part_params = _in("j.partition", partitions)
     columns = ", ".join(c.strip() for c in _JOB_COLUMNS.split(","))
@@ -509,12 +509,12 @@ def jobs_fast_due(
         "ORDER BY j.next_run_at, j.id LIMIT %s) AS t{n}"
     )
     sql = (f"SELECT {columns} FROM ("
-           + " UNION ALL ".join(per_target.format(n=n) for n in range(len(targets)))
-           + ") AS due ORDER BY next_run_at, id LIMIT %s")
+           + " UNION ALL ".join(per_target.format(n=n) for n in range(len(limits)))
+           + ") AS due ORDER BY next_run_at, id")
     params: list[Any] = []
-    for target in targets:
+    for target, limit in limits.items():
         params += [Lane.FAST.value, _PENDING, target, _dt(now), *part_params, _PENDING, limit]
-    return [_job_row(row) for row in _fetch(sql, [*params, limit])]
+    return [_job_row(row) for row in _fetch(sql, params)]
 
 
 def jobs_hold_key_until(row: JobRow, run_at: datetime) -> int:

@@ -7,12 +7,18 @@ JOBS = {"KAFKA": {
     "TOPIC_OVERRIDES": {"order_created": "orders.v2"},  # job code -> topic
     "EXTRA_TOPICS": ["audit", "billing:at_least_once"], # or "audit,billing:at_least_once"
     "CLIENT": {"compression.type": "lz4"},              # extra librdkafka producer config
+    "BATCH_SIZE": 1000,                                 # records per send (one poll)
 }}
 ```
 
-``BOOTSTRAP_SERVERS``, ``ENABLED`` and ``EXTRA_TOPICS`` may be overridden by the environment
-(``JOBS_KAFKA_BOOTSTRAP_SERVERS``, ``JOBS_KAFKA_ENABLED``, ``JOBS_KAFKA_EXTRA_TOPICS``), so an
-operator can point a pod at another cluster or switch Kafka off without a deploy.
+``BOOTSTRAP_SERVERS``, ``ENABLED``, ``EXTRA_TOPICS`` and ``BATCH_SIZE`` may be overridden by
+the environment (``JOBS_KAFKA_<KEY>``), so an operator can point a pod at another cluster or
+switch Kafka off without a deploy.
+
+``BATCH_SIZE`` is the most rows of one topic a worker reads in a poll and produces in one
+send (waiting once for all their reports). The send, not the poll, is what a broker round
+trip costs, so it is larger than the engine's ``FAST_BATCH``; a send never holds two
+versions of one key, so a topic with fewer keys due gets smaller sends.
 
 The client settings that make a send's outcome classifiable and bounded (retries off, the
 timeouts, acks) belong to the engine: ``CLIENT`` may not change them.
@@ -31,8 +37,12 @@ from jobs_engine.states import DeliveryMode
 
 TARGET_PREFIX = "kafka:"
 SETTING = "JOBS['KAFKA']"
-KNOWN_KEYS = ("BOOTSTRAP_SERVERS", "ENABLED", "TOPIC_OVERRIDES", "EXTRA_TOPICS", "CLIENT")
-ENV_KEYS = ("BOOTSTRAP_SERVERS", "ENABLED", "EXTRA_TOPICS")
+KNOWN_KEYS = ("BOOTSTRAP_SERVERS", "ENABLED", "TOPIC_OVERRIDES", "EXTRA_TOPICS", "CLIENT",
+              "BATCH_SIZE")
+ENV_KEYS = ("BOOTSTRAP_SERVERS", "ENABLED", "EXTRA_TOPICS", "BATCH_SIZE")
+DEFAULT_BATCH_SIZE = 1000
+# A send must fit the client's queue (librdkafka queue.buffering.max.messages: 100,000).
+MAX_BATCH_SIZE = 10_000
 
 # Kafka's own rule (kafka.common.internals.Topic): legal characters, 1..249 long, not . or ..
 _TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
@@ -94,6 +104,7 @@ class KafkaSettings:
     topic_overrides: Mapping[str, str] = field(default_factory=dict)
     extra_topics: tuple[TopicSpec, ...] = ()
     client: Mapping[str, Any] = field(default_factory=dict)
+    batch_size: int = DEFAULT_BATCH_SIZE
 
     def producer_config(self) -> dict[str, Any]:
         """The librdkafka configuration (without callbacks) of this cluster's producer."""
@@ -137,6 +148,21 @@ def _bool(value: Any, where: str) -> bool:
     if isinstance(value, str) and value.strip().lower() in {"off", "false", "0", "no"}:
         return False
     raise InvalidSettings(f"{where} must be true or false, got {value!r}")
+
+
+def _batch_size(value: Any) -> int:
+    where = f"{SETTING}['BATCH_SIZE']"
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, int) \
+            or not 1 <= number <= MAX_BATCH_SIZE:
+        raise InvalidSettings(f"{where} must be an integer from 1 to {MAX_BATCH_SIZE:,}, "
+                              f"got {value!r}")
+    return number
 
 
 def _string_list(value: Any, where: str) -> list[str]:
@@ -233,6 +259,7 @@ def parse_kafka_settings(raw: Any, environ: Mapping[str, str] | None = None) -> 
         topic_overrides=_overrides(given.get("TOPIC_OVERRIDES", {})),
         extra_topics=_extra_topics(given.get("EXTRA_TOPICS", ())),
         client=_client(given.get("CLIENT", {})),
+        batch_size=_batch_size(given.get("BATCH_SIZE", DEFAULT_BATCH_SIZE)),
     )
     if settings.enabled and settings.extra_topics and not settings.bootstrap_servers:
         raise InvalidSettings(f"{SETTING}['BOOTSTRAP_SERVERS'] is required when Kafka topics "

@@ -138,6 +138,31 @@ def test_fast_batch_comes_from_settings(targets: Any, t0: datetime, jobs_setting
     assert [other.run(t0) for _ in range(4)] == [4, 4, 2, 0]
 
 
+def test_a_target_batch_size_sets_its_rows_per_poll(targets: Any, t0: datetime,
+                                                  jobs_settings: Any) -> None:
+    """A target's own batch_size wins over FAST_BATCH for its rows; other targets keep
+    FAST_BATCH."""
+    sends: list[int] = []
+
+    def batch_handler(jobs: Any) -> list[BaseException | None]:
+        sends.append(len(jobs))
+        return [None] * len(jobs)
+
+    targets("fl.wide", handler=lambda job: None, batch_handler=batch_handler, batch_size=8)
+    targets("fl.narrow")
+    enqueue_many([{"target": "fl.wide", "payload": i, "run_at": t0} for i in range(20)])
+    worker = make_worker("A", jobs_settings(FAST_BATCH=3))
+    assert [worker.run(t0) for _ in range(4)] == [8, 8, 4, 0]
+    assert sends == [8, 8, 4]
+
+    enqueue_many([{"target": "fl.narrow", "payload": i, "run_at": t0} for i in range(5)])
+    enqueue_many([{"target": "fl.wide", "payload": i, "run_at": t0 + SECOND}
+                  for i in range(8)])
+    assert worker.run(t0 + SECOND) == 3 + 8
+    assert JobModel.objects.filter(target="fl.narrow").count() == 2
+    assert not JobModel.objects.filter(target="fl.wide").exists()
+
+
 # -- answered failures: backoff, DEAD ---------------------------------------------------------
 
 

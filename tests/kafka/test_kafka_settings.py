@@ -30,7 +30,8 @@ def test_full_settings_parse() -> None:
     kafka = parse(BOOTSTRAP_SERVERS="b1:9092, b2:9093", ENABLED=True,
                   TOPIC_OVERRIDES={"order_shipped": "orders.v2"},
                   EXTRA_TOPICS=["audit", "billing:at_least_once", "ops:at_most_once"],
-                  CLIENT={"compression.type": "lz4", "linger.ms": 10})
+                  CLIENT={"compression.type": "lz4", "linger.ms": 10}, BATCH_SIZE=250)
+    assert kafka.batch_size == 250
     assert kafka.bootstrap_servers == ("b1:9092", "b2:9093")
     assert kafka.extra_topics == (
         TopicSpec("audit"), TopicSpec("billing", DeliveryMode.AT_LEAST_ONCE),
@@ -48,6 +49,7 @@ def test_full_settings_parse() -> None:
 def test_empty_settings_mean_no_kafka() -> None:
     kafka = parse()
     assert kafka.extra_topics == () and kafka.enabled is True
+    assert kafka.batch_size == 1000
     assert parse_kafka_settings(None, environ={}).extra_topics == ()
 
 
@@ -109,6 +111,11 @@ def test_bad_bootstrap_servers_name_the_field(value: Any, problem: str) -> None:
     ({"CLIENT": {"bootstrap.servers": "x:1"}}, "CLIENT", "use BOOTSTRAP_SERVERS"),
     ({"CLIENT": {"linger.ms": [1]}}, "CLIENT", "string, number or boolean"),
     ({"CLIENT": "linger.ms=1"}, "CLIENT", "mapping of librdkafka settings"),
+    ({"BATCH_SIZE": 0}, "BATCH_SIZE", "integer from 1 to 10,000, got 0"),
+    ({"BATCH_SIZE": 10_001}, "BATCH_SIZE", "integer from 1 to 10,000"),
+    ({"BATCH_SIZE": "lots"}, "BATCH_SIZE", "got 'lots'"),
+    ({"BATCH_SIZE": True}, "BATCH_SIZE", "got True"),
+    ({"BATCH_SIZE": 2.5}, "BATCH_SIZE", "got 2.5"),
 ])
 def test_bad_values_name_their_field(kafka: dict[str, Any], field: str, problem: str) -> None:
     with pytest.raises(InvalidSettings) as err:
@@ -133,9 +140,11 @@ def test_topics_need_a_cluster_unless_disabled() -> None:
 def test_environment_overrides() -> None:
     """Operators point a pod elsewhere or switch Kafka off without a deploy."""
     kafka = parse({"JOBS_KAFKA_BOOTSTRAP_SERVERS": "env:9092", "JOBS_KAFKA_ENABLED": "off",
-                   "JOBS_KAFKA_EXTRA_TOPICS": "x:at_least_once,y"},
-                  BOOTSTRAP_SERVERS="settings:9092", EXTRA_TOPICS=["z"])
+                   "JOBS_KAFKA_EXTRA_TOPICS": "x:at_least_once,y",
+                   "JOBS_KAFKA_BATCH_SIZE": " 300 "},
+                  BOOTSTRAP_SERVERS="settings:9092", EXTRA_TOPICS=["z"], BATCH_SIZE=50)
     assert kafka.bootstrap_servers == ("env:9092",)
+    assert kafka.batch_size == 300
     assert kafka.enabled is False
     assert [(s.topic, s.delivery_mode) for s in kafka.extra_topics] == [
         ("x", DeliveryMode.AT_LEAST_ONCE), ("y", DeliveryMode.AT_MOST_ONCE)]
@@ -179,9 +188,11 @@ def test_ready_registers_the_configured_topics(settings: Any) -> None:
     from jobs_engine.registry import get_target, unregister_target
 
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:1",
-                               "EXTRA_TOPICS": "jt.ready,jt.ready-alo:at_least_once"}}
+                               "EXTRA_TOPICS": "jt.ready,jt.ready-alo:at_least_once",
+                               "BATCH_SIZE": 400}}
     try:
         apps.get_app_config("kafka_target").ready()
+        assert get_target("kafka:jt.ready").batch_size == 400
         assert get_target("kafka:jt.ready").delivery_mode is DeliveryMode.AT_MOST_ONCE
         assert get_target("kafka:jt.ready-alo").delivery_mode is DeliveryMode.AT_LEAST_ONCE
         assert get_target("kafka:jt.ready").lane == "fast"

@@ -35,8 +35,9 @@ def snapshot() -> dict[str, Target]:
 def test_valid_registration_is_stored() -> None:
     target = register_target(NAME, noop, lane=Lane.LONG,
                              delivery_mode=DeliveryMode.AT_LEAST_ONCE, exclusive=True,
-                             max_attempts=3, retry_delays=[1, 2.5])
+                             max_attempts=3, retry_delays=[1, 2.5], batch_size=500)
     assert get_target(NAME) is target
+    assert target.batch_size == 500
     assert (target.lane, target.delivery_mode, target.exclusive) == (
         Lane.LONG, DeliveryMode.AT_LEAST_ONCE, True)
     assert (target.max_attempts, target.retry_delays) == (3, (1, 2.5))
@@ -65,6 +66,9 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("retry-delays-empty", {"retry_delays": []}, "retry_delays"),
     ("retry-delays-text", {"retry_delays": ["1m"]}, "retry_delays"),
     ("batch-handler-not-callable", {"batch_handler": 42}, "batch_handler"),
+    ("batch-size-zero", {"batch_size": 0}, "batch_size"),
+    ("batch-size-text", {"batch_size": "500"}, "batch_size"),
+    ("batch-size-bool", {"batch_size": True}, "batch_size"),
 ]
 
 
