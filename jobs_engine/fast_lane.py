@@ -90,11 +90,11 @@ class FastLane:
     def _send_poll(self, rows: list[store.JobRow], probes: frozenset[str],
                    clock: Callable[[], datetime]) -> int:
         targets: dict[str, Target | None] = {}
-        for row in rows:
+        for name in {row.target for row in rows}:
             try:
-                targets[row.target] = get_target(row.target)
+                targets[name] = get_target(name)
             except UnknownTarget:
-                targets[row.target] = None
+                targets[name] = None
         token = uuid.uuid4().hex  # one per poll: outcomes and the final clear carry it
         inflight: dict[int, list[int]] = {}
         results: list[RunResult] = []
@@ -105,7 +105,8 @@ class FastLane:
             if self.should_stop():
                 break  # shutting down: rows not handed stay PENDING for the next owner
             # Self-fencing: nothing more of a partition whose lease may be gone.
-            send = [row for row in send if self.leases.trusted(row.partition)]
+            trusted = {p for p in {row.partition for row in send} if self.leases.trusted(p)}
+            send = [row for row in send if row.partition in trusted]
             send = self._mark_inflight(send, inflight, token, clock)
             if not send:
                 continue

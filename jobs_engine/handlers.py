@@ -14,10 +14,8 @@ from jobs_engine.registry import Job, Target
 
 
 def handler_job(row: store.JobRow) -> Job:
-    return Job(id=row.id, target=row.target, code=row.code, key=row.key, version=row.version,
-               payload=row.payload, headers=row.headers, attempts=row.attempts,
-               trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor,
-               created_at=row.created_at)
+    # Positional (one per row handed): Job's fields are JobRow's first eleven, then created_at.
+    return Job(*row[:11], row.created_at)
 
 
 def call_handler(target: Target, row: store.JobRow) -> BaseException | None:

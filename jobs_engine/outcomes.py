@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
+from typing import NamedTuple
 
 from django.utils import timezone
 
@@ -97,8 +98,7 @@ def judge(row: store.JobRow, target: Target | None, exc: BaseException | None, n
     return Outcome.retry(now + timedelta(seconds=retry_delay_s(attempts_after, delays)), error)
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(NamedTuple):
     row: store.JobRow
     outcome: Outcome
     duration_ms: float
@@ -143,15 +143,17 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             store.pause_set(row.target, now, settings.PROBE_S, outcome.error)
     count_runs(written, now)
     written_ids = {r.row.id for r in written}
+    log_runs = logger.isEnabledFor(logging.INFO)  # else skip building a line per row
     for result in results:
         row = result.row
         ok = row.id in written_ids
-        attempts = row.attempts + (1 if result.outcome.spend_attempt and ok else 0)
-        logger.info(
-            "job run code=%s target=%s dedupe_key=%s attempts=%s duration_ms=%.1f result=%s",
-            row.code, row.target, row.dedupe_key, attempts, result.duration_ms,
-            result.outcome.kind.value if ok else "lost",
-        )
+        if log_runs:
+            attempts = row.attempts + (1 if result.outcome.spend_attempt and ok else 0)
+            logger.info(
+                "job run code=%s target=%s dedupe_key=%s attempts=%s duration_ms=%.1f "
+                "result=%s", row.code, row.target, row.dedupe_key, attempts,
+                result.duration_ms, result.outcome.kind.value if ok else "lost",
+            )
         if ok and result.outcome.kind is OutcomeKind.DEAD:
             announce_dead(row.id, row.target, row.code, row.dedupe_key, result.outcome.error)
     return written

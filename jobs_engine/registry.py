@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs_engine.errors import DuplicateTarget, InvalidJob, UnknownTarget
 from jobs_engine.states import DeliveryMode, Lane
@@ -18,9 +18,9 @@ from jobs_engine.states import DeliveryMode, Lane
 MAX_TARGET_NAME_LENGTH = 200
 
 
-@dataclass(frozen=True, kw_only=True)
-class Job:
-    """What a handler sees of a row."""
+class Job(NamedTuple):
+    """What a handler sees of a row (immutable; a named tuple because the fast lane
+    builds one per row, thousands a second)."""
 
     id: int | None
     target: str

@@ -166,13 +166,13 @@ def _jsonb(placeholder: str = "%s", using: str | None = None) -> str:
 
 
 def _job_row(row: Sequence[Any], claim_token: str | None = None) -> JobRow:
-    return JobRow(
-        id=row[0], target=row[1], code=row[2], key=row[3], version=row[4],
-        payload=_read_json(row[5]), headers=_read_json(row[6]) if row[6] != "{}" else {},
-        attempts=row[7],
-        trace_id=row[8], dedupe_key=row[9], actor=_read_json(row[10]), partition=row[11],
-        delivery_mode=row[12], created_at=_read_dt(row[13]), claim_token=claim_token,
-    )
+    """A row of ``_JOB_COLUMNS`` (positional: this runs for every row a lane reads)."""
+    (job_id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key,
+     actor, partition, delivery_mode, created_at) = row[:14]
+    return JobRow(job_id, target, code, key, version, _read_json(payload),
+                  _read_json(headers) if headers != "{}" else {}, attempts, trace_id,
+                  dedupe_key, _read_json(actor), partition, delivery_mode,
+                  _read_dt(created_at), claim_token)
 
 
 def cut_error(text: str) -> str:

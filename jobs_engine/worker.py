@@ -9,6 +9,7 @@ delete the liveness row, exit 0.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import select
@@ -41,6 +42,20 @@ SCHEDULES = "schedules"  # served by a companion app through ``register_service`
 # until it wants to run again.
 ServiceFactory = Callable[["WorkerProcess"], Callable[[], float]]
 _service_factories: dict[str, ServiceFactory] = {}
+
+
+# A fast-lane poll builds tens of thousands of short-lived objects (rows, jobs, records,
+# results) that reference counting frees; with the default gen-0 threshold (700) the cycle
+# collector runs dozens of times per poll and rescans the survivors (a Kafka worker drained
+# ~15 % faster without it). So: fewer gen-0 runs, and the objects that live as long as the
+# process (modules, settings, registry) frozen out of every scan.
+GC_GEN0_THRESHOLD = 10_000
+
+
+def tune_garbage_collector() -> None:
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(GC_GEN0_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
 
 
 def register_service(lane: str, factory: ServiceFactory) -> None:
@@ -155,6 +170,7 @@ class WorkerProcess:
         self.install_signal_handlers()
         store.partitions_seed(self.settings.PARTITIONS)
         self._beat()
+        tune_garbage_collector()
         beat = threading.Thread(target=self._heartbeat_loop, name="jobs-heartbeat", daemon=True)
         beat.start()
         logger.info("worker %s started lanes=%s", self.worker_id, ",".join(sorted(self.lanes)))

@@ -7,7 +7,6 @@ about a message is about what a Kafka consumer reads back from the broker.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
@@ -176,7 +175,7 @@ def test_per_row_handler_sends_one_record(kafka_targets: Any, reader: Any) -> No
     # A trace id that is not 32 hex digits still yields a valid, stable-trace traceparent.
     assert TRACEPARENT.fullmatch(got[0].headers["traceparent"].decode())
     with pytest.raises(DeadNow, match="empty value"):
-        target.handler(dataclasses.replace(job, payload=None))
+        target.handler(job._replace(payload=None))
 
 
 # -- settings switches ---------------------------------------------------------------------

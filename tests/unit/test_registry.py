@@ -128,3 +128,21 @@ def test_unknown_target_names_it() -> None:
         get_target("t:never-registered")
     assert info.value.name == "t:never-registered"
     assert "t:never-registered" in str(info.value)
+
+
+def test_handler_job_carries_every_field_of_the_row() -> None:
+    """``handler_job`` builds a Job positionally from a JobRow: the field orders must agree."""
+    from datetime import UTC, datetime
+
+    from jobs_engine.handlers import handler_job
+    from jobs_engine.store import JobRow
+
+    assert Job._fields == (*JobRow._fields[:11], "created_at")
+    created = datetime(2026, 1, 2, tzinfo=UTC)
+    row = JobRow(1, "t", "c", "k", 2, {"p": 1}, {"h": "v"}, 3, "tr", "dk", {"a": 1}, 5,
+                 "at_most_once", created, "tok")
+    job = handler_job(row)
+    assert job._asdict() == {"id": 1, "target": "t", "code": "c", "key": "k", "version": 2,
+                             "payload": {"p": 1}, "headers": {"h": "v"}, "attempts": 3,
+                             "trace_id": "tr", "dedupe_key": "dk", "actor": {"a": 1},
+                             "created_at": created}
