@@ -134,8 +134,10 @@ class FastLane:
                 break
             wanted: dict[int, list[int]] = {}
             for row in send:
-                wanted.setdefault(row.partition, list(inflight.get(row.partition, [])))
-                wanted[row.partition].append(row.id)
+                ids = wanted.get(row.partition)
+                if ids is None:  # this poll's earlier marks of the partition, then these
+                    ids = wanted[row.partition] = list(inflight.get(row.partition, ()))
+                ids.append(row.id)
             marked = store.partitions_mark_inflight_if_leased(
                 self.worker_id, clock(), wanted, token,
                 [(row.partition, row.id, row.attempts) for row in send])

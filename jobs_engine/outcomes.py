@@ -112,7 +112,10 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     admin changed it): the result is logged as ``lost`` and nothing else happens.
     """
     written: list[RunResult] = []
-    succeeded = [r for r in results if r.outcome.kind is OutcomeKind.SUCCEEDED]
+    succeeded: list[RunResult] = []
+    others: list[RunResult] = []
+    for result in results:
+        (succeeded if result.outcome.kind is OutcomeKind.SUCCEEDED else others).append(result)
     if succeeded:
         deleted = store.jobs_delete_succeeded(guard, [(r.row.id, r.row.attempts)
                                                       for r in succeeded])
@@ -122,10 +125,8 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         else:
             remaining = {row_id for (row_id,) in _existing_ids([r.row.id for r in succeeded])}
             written += [r for r in succeeded if r.row.id not in remaining]
-    for result in results:
+    for result in others:
         kind, row, outcome = result.outcome.kind, result.row, result.outcome
-        if kind is OutcomeKind.SUCCEEDED:
-            continue
         if kind is OutcomeKind.RETRY:
             assert outcome.run_at is not None
             ok = store.job_retry_later(guard, row.id, row.attempts, outcome.run_at, outcome.error,
@@ -143,10 +144,9 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             store.pause_set(row.target, now, settings.PROBE_S, outcome.error)
     count_runs(written, now)
     written_ids = {r.row.id for r in written}
-    log_runs = logger.isEnabledFor(logging.INFO)  # else skip building a line per row
-    for result in results:
-        row = result.row
-        ok = row.id in written_ids
+    log_runs = logger.isEnabledFor(logging.INFO)  # else only the DEAD alerts: skip successes
+    for result in results if log_runs else others:
+        row, ok = result.row, result.row.id in written_ids
         if log_runs:
             attempts = row.attempts + (1 if result.outcome.spend_attempt and ok else 0)
             logger.info(

@@ -29,6 +29,7 @@ this cannot duplicate) and only the record that is refused alone goes DEAD.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -119,14 +120,20 @@ def classify(err: Any, topic: str, client_error: str = "") -> BaseException | No
 # -- the record -----------------------------------------------------------------------
 
 
-def traceparent(trace_id: str) -> str:
-    """W3C ``traceparent`` for ``trace_id``; a non-W3C id is hashed to 32 hex digits."""
+@functools.lru_cache(maxsize=4096)  # a request's jobs share its trace id
+def w3c_trace_id(trace_id: str) -> str:
+    """``trace_id`` as a W3C trace id; a non-W3C id is hashed to 32 hex digits."""
     trace = trace_id.lower()
     if not _HEX32.fullmatch(trace) or trace == "0" * 32:
         trace = hashlib.sha256(trace_id.encode()).hexdigest()[:32]
+    return trace
+
+
+def traceparent(trace_id: str) -> str:
+    """W3C ``traceparent`` for ``trace_id``, with a new span id."""
     # A span id is unique, not secret: the fast generator (an all-zero id is invalid).
     span = random.getrandbits(64) or 1
-    return f"00-{trace}-{span:016x}-01"
+    return f"00-{w3c_trace_id(trace_id)}-{span:016x}-01"
 
 
 # One encoder for every record: ``json.dumps`` with options builds a new one per call.
