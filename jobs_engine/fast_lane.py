@@ -9,7 +9,9 @@ delivery mode on takeover, and every row not handed still PENDING.
 A send is one row, except for targets with a batch handler and at-least-once targets
 (for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
 get all their rows of the poll in one send. So a poll costs a handful of statements, not a
-few per row, which is the route to speed.
+few per row, which is the route to speed. When the poll's first send is such a send, the
+read marks its rows itself (``store.jobs_fast_poll``), so the busiest case, one batch
+target such as a Kafka topic, costs three statements a send: read and mark, hand, delete.
 """
 
 from __future__ import annotations
@@ -34,15 +36,19 @@ from jobs_engine.states import DeliveryMode, Lane
 logger = logging.getLogger("jobs_engine")
 
 
+def takes_whole_poll(target: Target | None) -> bool:
+    """Whether a target's rows of a poll go in one send (see the module docstring)."""
+    return target is not None and (target.batch_handler is not None
+                                   or target.delivery_mode is DeliveryMode.AT_LEAST_ONCE)
+
+
 def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]
              ) -> list[list[store.JobRow]]:
-    """Split a poll's rows into sends (see the module docstring)."""
+    """Split a poll's rows into sends, target by target in name order."""
     sends: list[list[store.JobRow]] = []
     for name, group in groupby(sorted(rows, key=lambda r: r.target), key=lambda r: r.target):
         group_rows = list(group)
-        target = targets[name]
-        if target is not None and (target.batch_handler is not None
-                                   or target.delivery_mode is DeliveryMode.AT_LEAST_ONCE):
+        if takes_whole_poll(targets[name]):
             sends.append(group_rows)
         else:
             sends += [[row] for row in group_rows]
@@ -73,41 +79,54 @@ class FastLane:
 
         gate = self.pauses.check(now, Lane.FAST)
         # Only targets registered here: another release's rows wait for its own workers.
-        limits = {t.name: t.batch_size or self.settings.FAST_BATCH
-                  for t in sorted(all_targets(), key=lambda t: t.name)
-                  if t.lane is Lane.FAST and not t.lossy and t.name not in gate.skip}
-        rows = store.jobs_fast_due(held, now, limits)
-        rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent rows stay PENDING
+        fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy
+                       and t.name not in gate.skip), key=lambda t: t.name)
+        limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
+        # A paused target's probe row may be given back: only others are marked by the read.
+        markable = [t.name for t in fast if takes_whole_poll(t) and t.name not in gate.expired]
+        token = uuid.uuid4().hex  # one per poll: marks, outcomes and the final clear carry it
+        poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id, token=token,
+                                    markable=markable)
+        rows, _, probes = self.pauses.probe_rows(poll.rows, gate, now)  # unsent stay PENDING
         if not rows:
             return 0
         partitions = {row.partition for row in rows}
         self.leases.busy |= partitions
         try:
-            return self._send_poll(rows, probes, clock)
+            return self._send_poll(rows, poll, token, probes, clock)
         finally:
             self.leases.busy -= partitions
 
-    def _send_poll(self, rows: list[store.JobRow], probes: frozenset[str],
-                   clock: Callable[[], datetime]) -> int:
+    def _send_poll(self, rows: list[store.JobRow], poll: store.FastPoll, token: str,
+                   probes: frozenset[str], clock: Callable[[], datetime]) -> int:
         targets: dict[str, Target | None] = {}
         for name in {row.target for row in rows}:
             try:
                 targets[name] = get_target(name)
             except UnknownTarget:
                 targets[name] = None
-        token = uuid.uuid4().hex  # one per poll: outcomes and the final clear carry it
-        inflight: dict[int, list[int]] = {}
+        inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
         results: list[RunResult] = []
         paused: set[str] = set()
         for send in sends_of(rows, targets):
-            if send[0].target in paused:
-                continue  # the rest of a paused target's rows wait; other targets go on
-            if self.should_stop():
-                break  # shutting down: rows not handed stay PENDING for the next owner
-            # Self-fencing: nothing more of a partition whose lease may be gone.
-            trusted = {p for p in {row.partition for row in send} if self.leases.trusted(p)}
-            send = [row for row in send if row.partition in trusted]
-            send = self._mark_inflight(send, inflight, token, clock)
+            if send[0].target == poll.marked_target:
+                # Marked by the read: in hand already, so neither a stop request nor the
+                # self-fence (the read checked the lease itself) leaves them unsent. Rows
+                # of a partition the read could not mark take the usual path.
+                send = ([row for row in send if row.partition in poll.marked]
+                        + self._mark_inflight([row for row in send
+                                               if row.partition not in poll.marked],
+                                              inflight, token, clock))
+            else:
+                if send[0].target in paused:
+                    continue  # the rest of a paused target's rows wait; others go on
+                if self.should_stop():
+                    break  # shutting down: rows not handed stay PENDING for the next owner
+                # Self-fencing: nothing more of a partition whose lease may be gone.
+                trusted = {p for p in {row.partition for row in send}
+                           if self.leases.trusted(p)}
+                send = self._mark_inflight([row for row in send if row.partition in trusted],
+                                           inflight, token, clock)
             if not send:
                 continue
             sent = self._send(targets[send[0].target], send, clock)

@@ -13,8 +13,8 @@ NOTIFY, array parameters) are handled here and nowhere else.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -480,6 +480,30 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
 # -- fast lane --------------------------------------------------------------------------------
 
 
+def _fast_due_union(partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
+                    ) -> tuple[str, list[Any]]:
+    """One scan of heads per target, UNION ALL: ``_JOB_COLUMNS`` plus ``next_run_at``."""
+    part_clause, part_params = _in("j.partition", partitions)
+    per_target = (
+        f"SELECT * FROM (SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))}, "
+        "j.next_run_at "
+        f"FROM {JOBS} j WHERE j.lane = %s AND j.status = %s AND j.target = %s "
+        f"AND j.next_run_at <= %s AND {part_clause} "
+        "AND (j.key IS NULL OR NOT EXISTS ("
+        f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
+        "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
+        "AND (e.version, e.id) < (j.version, j.id))) "
+        "ORDER BY j.next_run_at, j.id LIMIT %s) AS t{n}"
+    )
+    params: list[Any] = []
+    for target, limit in limits.items():
+        params += [Lane.FAST.value, _PENDING, target, _dt(now), *part_params, _PENDING, limit]
+    return " UNION ALL ".join(per_target.format(n=n) for n in range(len(limits))), params
+
+
+_COLUMN_NAMES = ", ".join(c.strip() for c in _JOB_COLUMNS.split(","))
+
+
 def jobs_fast_due(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
 ) -> list[JobRow]:
@@ -495,26 +519,69 @@ def jobs_fast_due(
     """
     if not limits or not partitions:
         return []
-    part_clause, part_params = _in("j.partition", partitions)
-    columns = ", ".join(c.strip() for c in _JOB_COLUMNS.split(","))
-    per_target = (
-        f"SELECT * FROM (SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))}, "
-        "j.next_run_at "
-        f"FROM {JOBS} j WHERE j.lane = %s AND j.status = %s AND j.target = %s "
-        f"AND j.next_run_at <= %s AND {part_clause} "
-        "AND (j.key IS NULL OR NOT EXISTS ("
-        f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
-        "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
-        "AND (e.version, e.id) < (j.version, j.id))) "
-        "ORDER BY j.next_run_at, j.id LIMIT %s) AS t{n}"
+    union, params = _fast_due_union(partitions, now, limits)
+    return [_job_row(row) for row in _fetch(
+        f"SELECT {_COLUMN_NAMES} FROM ({union}) AS due ORDER BY next_run_at, id", params)]
+
+
+@dataclass(frozen=True)
+class FastPoll:
+    rows: list[JobRow]
+    marked_target: str | None = None  # the target whose rows the poll marked in flight
+    marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
+
+
+def jobs_fast_poll(
+    partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
+    token: str, markable: Collection[str],
+) -> FastPoll:
+    """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
+    read itself when that send takes the whole poll.
+
+    The first send is the rows of the first target in name order (the lane sends target
+    by target in that order); its rows are marked when that target is in ``markable``.
+    Marks are those of ``partitions_mark_inflight_if_leased`` (poll token, live lease of
+    ``owner``); a partition whose lease is gone is not marked. PostgreSQL reads and
+    marks in one statement, so a marked row is PENDING as read and no separate mark
+    statement (the largest fixed cost of a send) is needed; SQLite reads, then marks with
+    the guarded statement.
+    """
+    if not limits or not partitions:
+        return FastPoll([])
+    if not is_postgres():
+        rows = jobs_fast_due(partitions, now, limits)
+        first = min((row.target for row in rows), default=None)
+        if first not in markable:
+            return FastPoll(rows)
+        wanted: dict[int, list[int]] = {}
+        for row in rows:
+            if row.target == first:
+                wanted.setdefault(row.partition, []).append(row.id)
+        marked = partitions_mark_inflight_if_leased(
+            owner, now, wanted, token,
+            [(row.partition, row.id, row.attempts) for row in rows if row.target == first])
+        return FastPoll(rows, first, {p: ids for p, ids in wanted.items() if p in marked})
+    union, params = _fast_due_union(partitions, now, limits)
+    markable_clause, markable_params = _in("target", list(markable))
+    first_send = f"target = (SELECT min(target) FROM due) AND {markable_clause}"
+    fetched = _fetch(
+        f"WITH due AS MATERIALIZED ({union}), "
+        f"first_send AS MATERIALIZED (SELECT partition, jsonb_agg(id ORDER BY id) AS ids FROM due "
+        f"WHERE {first_send} GROUP BY partition), "
+        f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = f.ids, inflight_token = %s "
+        "FROM first_send f WHERE p.partition = f.partition AND p.owner = %s "
+        "AND p.lease_until > %s RETURNING p.partition) "
+        f"SELECT {_COLUMN_NAMES}, {first_send} AND partition IN (SELECT partition FROM marked) "
+        "FROM due ORDER BY next_run_at, id",
+        [*params, *markable_params, token, owner, _dt(now), *markable_params],
     )
-    sql = (f"SELECT {columns} FROM ("
-           + " UNION ALL ".join(per_target.format(n=n) for n in range(len(limits)))
-           + ") AS due ORDER BY next_run_at, id")
-    params: list[Any] = []
-    for target, limit in limits.items():
-        params += [Lane.FAST.value, _PENDING, target, _dt(now), *part_params, _PENDING, limit]
-    return [_job_row(row) for row in _fetch(sql, params)]
+    rows = [_job_row(row) for row in fetched]
+    marks: dict[int, list[int]] = {}
+    for row, values in zip(rows, fetched, strict=True):
+        if values[-1]:
+            marks.setdefault(row.partition, []).append(row.id)
+    first = min((row.target for row in rows), default=None)
+    return FastPoll(rows, first if first in markable else None, marks)
 
 
 def jobs_hold_key_until(row: JobRow, run_at: datetime) -> int:
