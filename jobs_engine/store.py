@@ -566,7 +566,7 @@ def jobs_fast_poll(
     first_send = f"target = (SELECT min(target) FROM due) AND {markable_clause}"
     fetched = _fetch(
         f"WITH due AS MATERIALIZED ({union}), "
-        f"first_send AS MATERIALIZED (SELECT partition, jsonb_agg(id ORDER BY id) AS ids FROM due "
+        f"first_send AS MATERIALIZED (SELECT partition, jsonb_agg(id) AS ids FROM due "
         f"WHERE {first_send} GROUP BY partition), "
         f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = f.ids, inflight_token = %s "
         "FROM first_send f WHERE p.partition = f.partition AND p.owner = %s "
