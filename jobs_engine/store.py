@@ -96,17 +96,20 @@ def _read_json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+# Lists from this length on go to PostgreSQL as one array parameter: the statement's text
+# stays the same whatever the length, so the driver does not parse a new text at every
+# call (it caches only statements of up to 50 parameters). Shorter lists are inlined,
+# which plans faster for the one-row statements of per-row sends.
+ARRAY_FROM = 16
+
+
 def _in(column: str, values: Sequence[Any], using: str | None = None
         ) -> tuple[str, list[Any]]:
-    """``column`` is one of ``values``; valid SQL for an empty list too.
-
-    PostgreSQL gets one array parameter, so the statement's text does not grow with the
-    list: the driver parses it once, not at every call with a new length.
-    """
-    if is_postgres(using):
-        return f"{column} = ANY(%s)", [_pg_array(values)]
+    """``column`` is one of ``values``; valid SQL for an empty list too."""
     if not values:
         return "1 = 0", []
+    if len(values) >= ARRAY_FROM and is_postgres(using):
+        return f"{column} = ANY(%s)", [_pg_array(values)]
     return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 
 
@@ -120,9 +123,9 @@ def _pg_array(values: Sequence[Any]) -> Any:
 
 def _rows(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> tuple[str, list[Any]]:
     """A table of equal-length tuples (``types`` are their PostgreSQL column types), for
-    ``IN (...)``, ``FROM (...)`` or a CTE: ``unnest`` of one array per column on PostgreSQL
-    (constant text, as ``_in``), ``VALUES`` on SQLite."""
-    if is_postgres():
+    ``IN (...)``, ``FROM (...)`` or a CTE: ``VALUES``, or on PostgreSQL from ``ARRAY_FROM``
+    rows ``unnest`` of one array per column (as ``_in``)."""
+    if len(rows) >= ARRAY_FROM and is_postgres():
         arrays = ", ".join(f"%s::{kind}[]" for kind in types)
         return f"SELECT * FROM unnest({arrays})", [_pg_array(column)
                                                    for column in zip(*rows, strict=True)]
