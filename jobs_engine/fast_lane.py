@@ -10,8 +10,8 @@ A send is one row, except for targets with a batch handler and at-least-once tar
 (for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
 get all their rows of the poll in one send. So a poll costs a handful of statements, not a
 few per row, which is the route to speed. When the poll's first send is such a send, the
-read marks its rows itself (``store.jobs_fast_poll``), so the busiest case, one batch
-target such as a Kafka topic, costs three statements a send: read and mark, hand, delete.
+read marks its rows itself (``store.jobs_fast_poll``): the busiest case, one batch target
+such as a Kafka topic, needs no mark statement of its own.
 """
 
 from __future__ import annotations
