@@ -524,37 +524,21 @@ def test_worker_whose_lease_expired_sends_nothing(targets: Any, t0: datetime) ->
     assert {job.id for job in target.extra["calls"]} == set(ids)
 
 
-def test_db_lease_guard_stops_a_worker_that_still_trusts_its_lease(targets: Any,
-                                                                   t0: datetime) -> None:
+@pytest.mark.parametrize("kind", [
+    {},  # at-most-once per row: marked by its own statement before the send
+    # Sends that take the whole poll: marked by the poll's read itself (on PostgreSQL),
+    # under the same lease guard.
+    {"batch_handler": lambda jobs: [None] * len(jobs)},
+    {"delivery_mode": DeliveryMode.AT_LEAST_ONCE},
+], ids=["per-row", "batch-handler", "at-least-once"])
+def test_db_lease_guard_stops_a_worker_that_still_trusts_its_lease(
+        targets: Any, t0: datetime, kind: dict[str, Any]) -> None:
     """A's monotonic clock says "trusted" but B took the partition: the in-flight mark is
-    refused, A sends nothing and drops the partition."""
-    target = targets("fl.stall")
+    refused, A sends nothing, drops the partition and leaves the row as it was."""
+    target = targets("fl.stall", **kind)
     a = make_worker("A")
     a.leases.heartbeat(t0)
     job_id = put("fl.stall", t0, key="k1")
-    partition = row(job_id).partition
-    later = t0 + 31 * SECOND
-    make_worker("B").leases.heartbeat(later)
-    assert partition in a.leases.held()
-    assert a.lane.run_once(later) == 0
-    assert target.extra["calls"] == []
-    assert partition not in a.leases.held()
-    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
-
-
-@pytest.mark.parametrize("whole_poll", [
-    {"batch_handler": lambda jobs: [None] * len(jobs)},
-    {"delivery_mode": DeliveryMode.AT_LEAST_ONCE},
-], ids=["batch-handler", "at-least-once"])
-def test_a_send_the_read_marks_is_refused_with_the_lease(targets: Any, t0: datetime,
-                                                         whole_poll: dict[str, Any]) -> None:
-    """A send that takes the whole poll is marked by the poll's read itself (on
-    PostgreSQL): that mark is under the same lease guard, so a worker whose partition was
-    taken sends nothing of it, drops the partition and leaves the row as it was."""
-    target = targets("fl.stall-batch", **whole_poll)
-    a = make_worker("A")
-    a.leases.heartbeat(t0)
-    job_id = put("fl.stall-batch", t0, key="k1")
     partition = row(job_id).partition
     later = t0 + 31 * SECOND
     make_worker("B").leases.heartbeat(later)
