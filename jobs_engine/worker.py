@@ -54,8 +54,8 @@ GC_GEN0_THRESHOLD = 10_000
 
 def tune_garbage_collector() -> None:
     gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(max(GC_GEN0_THRESHOLD, gc.get_threshold()[0]), gen1, gen2)
+    gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(max(GC_GEN0_THRESHOLD, gen0), gen1, gen2)
 
 
 def register_service(lane: str, factory: ServiceFactory) -> None:

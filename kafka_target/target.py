@@ -158,7 +158,7 @@ def build_message(job: Job, topic: str) -> OutMessage:
     if job.trace_id:
         headers["trace_id"] = job.trace_id.encode()
         headers["traceparent"] = traceparent(job.trace_id).encode()
-    for name, header in job.headers.items() if job.headers else ():
+    for name, header in (job.headers or {}).items():
         headers[str(name)] = _header_value(header)
     return OutMessage(topic, value, job.key.encode() if job.key is not None else None,
                       list(headers.items()))
