@@ -886,7 +886,8 @@ def kafka_fill(target: str, n: int, keys: int, chunk: int = 500) -> None:
 
 def raw_kafka(bootstrap: str, topic: str, n: int, keys: int, per_flush: int | None) -> float:
     """The raw ``confluent_kafka.Producer`` with the target's configuration sending the same
-    records (key, compact JSON value, headers event_id/trace_id/traceparent): messages/s
+    records (key, JSON value byte for byte as the target sends PostgreSQL's jsonb text,
+    headers event_id/trace_id/traceparent): messages/s
     from the first ``produce`` to the last delivery report, after a warm-up message (the
     connection and the topic's metadata are start-up, as the workers' are).
     ``per_flush``: wait for every report each ``per_flush`` messages (the target's send
@@ -912,8 +913,7 @@ def raw_kafka(bootstrap: str, topic: str, n: int, keys: int, per_flush: int | No
     trace = uuid.uuid4().hex
     started = time.perf_counter()
     for i in range(n):
-        value = json.dumps(payload(i), separators=(",", ":"), ensure_ascii=False,
-                           allow_nan=False).encode()
+        value = json.dumps(payload(i), ensure_ascii=False, allow_nan=False).encode()
         headers = [("event_id", str(i).encode()), ("trace_id", trace.encode()),
                    ("traceparent", f"00-{trace}-{secrets.token_hex(8)}-01".encode())]
         while True:

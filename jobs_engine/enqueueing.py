@@ -23,6 +23,7 @@ from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
 from jobs_engine.context import current_actor, current_trace_id, job_context
 from jobs_engine.errors import InvalidJob
+from jobs_engine.handlers import handler_payload
 from jobs_engine.registry import Job, Target, get_target
 
 logger = logging.getLogger("jobs_engine")
@@ -178,7 +179,7 @@ def _hand_off_lossy(target: Target, row: store.NewJob, settings: JobsSettings) -
 
 def _run_lossy(target: Target, row: store.NewJob) -> None:
     job = Job(id=None, target=row.target, code=row.code, key=row.key, version=row.version,
-              payload=json.loads(row.payload_json), headers=row.headers, attempts=0,
+              payload=handler_payload(target, row.payload_json), headers=row.headers, attempts=0,
               trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor)
     try:
         with job_context(row.trace_id, {"via": "system"}):

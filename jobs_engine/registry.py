@@ -56,6 +56,9 @@ class Target:
     # Fast lane: rows of this target read in one poll, and so handed in one send when
     # sends take the whole poll (a batch handler, at-least-once). None: JOBS FAST_BATCH.
     batch_size: int | None = None
+    # Handlers get the payload as its stored JSON text (a str), not decoded: for a target
+    # that forwards it as is (the Kafka record value), one decode and encode less per job.
+    payload_json: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
 
 
@@ -75,6 +78,7 @@ def register_target(
     retry_delays: Sequence[float] | None = None,
     batch_handler: BatchHandler | None = None,
     batch_size: int | None = None,
+    payload_json: bool = False,
 ) -> Target:
     """Register a target; every check runs before the registry changes."""
     if not isinstance(name, str) or not name.strip():
@@ -112,7 +116,7 @@ def register_target(
     target = Target(
         name=name, handler=handler, lane=lane, delivery_mode=delivery_mode, lossy=lossy,
         exclusive=exclusive, max_attempts=max_attempts, retry_delays=delays,
-        batch_handler=batch_handler, batch_size=batch_size,
+        batch_handler=batch_handler, batch_size=batch_size, payload_json=bool(payload_json),
     )
     with _lock:
         if name in _targets:

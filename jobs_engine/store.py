@@ -54,7 +54,7 @@ class JobRow(NamedTuple):
     code: str
     key: str | None
     version: int
-    payload: Any
+    payload_json: str | None  # as stored: handlers.handler_payload decodes it
     headers: dict[str, Any]
     attempts: int
     trace_id: str
@@ -172,7 +172,7 @@ def _job_row(row: Sequence[Any], claim_token: str | None = None) -> JobRow:
     """A row of ``_JOB_COLUMNS`` (positional: this runs for every row a lane reads)."""
     (job_id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key,
      actor, partition, delivery_mode, created_at) = row[:14]
-    return JobRow(job_id, target, code, key, version, _read_json(payload),
+    return JobRow(job_id, target, code, key, version, payload,
                   _read_json(headers) if headers != "{}" else {}, attempts, trace_id,
                   dedupe_key, _read_json(actor), partition, delivery_mode,
                   _read_dt(created_at), claim_token)

@@ -1,6 +1,6 @@
 """``kafka:<topic>`` targets: build the record, send it, classify the outcome (SPEC §9).
 
-Record: key = the job's key, value = the payload as compact JSON (UTF-8), headers
+Record: key = the job's key, value = the payload's JSON text as stored (UTF-8), headers
 ``event_id`` (the job id), ``trace_id``, ``traceparent`` (W3C), then the job's own headers,
 which win (a business event id given at enqueue replaces the job id). A payload of
 ``None`` is refused as an empty value (DEAD at once): on a compacted topic a null value is
@@ -150,10 +150,15 @@ def _header_value(value: Any) -> bytes | None:
 
 
 def build_message(job: Job, topic: str) -> OutMessage:
-    """The Kafka record of ``job``; raises ``DeadNow`` for an empty value."""
-    if job.payload is None:
+    """The Kafka record of ``job``; raises ``DeadNow`` for an empty value.
+
+    The lanes hand the payload as its stored JSON text (the target is registered with
+    ``payload_json``), sent as is; any other value, a payload decoded by hand, is encoded.
+    """
+    payload = job.payload
+    if payload is None or payload == "null":
         raise DeadNow(f"kafka refused the record for {topic}: empty value (payload is None)")
-    value = _VALUE_ENCODER.encode(job.payload).encode()
+    value = (payload if type(payload) is str else _VALUE_ENCODER.encode(payload)).encode()
     headers: dict[str, bytes | None] = {"event_id": str(job.id).encode()}
     if job.trace_id:
         headers["trace_id"] = job.trace_id.encode()
@@ -245,7 +250,7 @@ def register_topic(spec: TopicSpec, settings: KafkaSettings) -> Target:
     kafka = KafkaTarget(spec, settings)
     target = register_target(spec.target, kafka.handler, lane=Lane.FAST,
                              delivery_mode=spec.delivery_mode, batch_handler=kafka.send,
-                             batch_size=settings.batch_size)
+                             batch_size=settings.batch_size, payload_json=True)
     target.extra["kafka"] = kafka
     return target
 

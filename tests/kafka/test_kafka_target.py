@@ -84,8 +84,9 @@ def keys_in_one_partition(count: int, prefix: str) -> list[str]:
 def test_key_value_and_headers_arrive(kafka_targets: Any, lane_worker: Any,
                                       reader: Callable[[str], TopicReader],
                                       now: datetime) -> None:
-    """Key = job key, value = compact JSON, headers event_id/trace_id/traceparent plus the
-    job's own headers, which win (a business event id replaces the job id)."""
+    """Key = job key, value = the payload's stored JSON text, headers
+    event_id/trace_id/traceparent plus the job's own headers, which win (a business event id
+    replaces the job id)."""
     kafka_targets(EXTRA_TOPICS=["jt.main"])
     topic = reader("jt.main")
     key = unique("order")
@@ -93,6 +94,9 @@ def test_key_value_and_headers_arrive(kafka_targets: Any, lane_worker: Any,
                 headers={"source": "tests", "attempt_note": {"a": 1}})
     second = put("kafka:jt.main", {"n": 2}, key=key, version=2, headers={"event_id": "biz-42"})
     job_one = row(first)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT payload::text FROM jobs_engine_job WHERE id = %s", [first])
+        stored = cursor.fetchone()[0]
 
     worker: LaneWorker = lane_worker()
     assert worker.drain(now) == [1, 1, 0]  # a key's next version goes once its head is done
@@ -100,11 +104,9 @@ def test_key_value_and_headers_arrive(kafka_targets: Any, lane_worker: Any,
     assert gone(first) and gone(second)
     got = topic.read()
     assert [d.key for d in got] == [key.encode(), key.encode()]
-    # Compact UTF-8 JSON of the stored payload (PostgreSQL's jsonb orders object keys).
+    # The stored JSON text as read (no decode and encode on the way), UTF-8.
     assert json.loads(got[0].value) == {"n": 1, "name": "ü ok", "list": [1, 2]}
-    assert got[0].value == json.dumps(job_one.payload, separators=(",", ":"),
-                                      ensure_ascii=False).encode()
-    assert b" " not in got[0].value.replace("ü ok".encode(), b"")
+    assert got[0].value == stored.encode() and "ü ok".encode() in got[0].value
     assert got[1].payload == {"n": 2}
     assert got[0].headers["event_id"] == str(first).encode()
     assert got[1].headers["event_id"] == b"biz-42"
@@ -516,15 +518,20 @@ def test_producer_config_keeps_every_send_bounded(kafka_targets: Any) -> None:
         Producer({**config, "enable.idempotence": True})
 
 
-def test_payload_value_is_compact_json() -> None:
-    """The value is the payload's compact JSON, UTF-8 (not ASCII-escaped)."""
+def test_payload_value_is_the_stored_json_text() -> None:
+    """The lanes hand the payload as its stored JSON text, sent as is (UTF-8, not decoded
+    and encoded again); a payload decoded by hand is sent as compact JSON."""
     from kafka_target.target import build_message
 
-    job = Job(id=3, target="kafka:t", code="c", key=None, version=0,
-              payload={"a": [1, 2], "é": None}, headers={}, attempts=0, trace_id="",
-              dedupe_key="d")
+    stored = '{"a": [1, 2], "é": null}'
+    job = Job(id=3, target="kafka:t", code="c", key=None, version=0, payload=stored,
+              headers={}, attempts=0, trace_id="", dedupe_key="d")
     message = build_message(job, "t")
-    assert message.value == '{"a":[1,2],"é":null}'.encode()
-    assert json.loads(message.value) == job.payload
+    assert message.value == stored.encode()
     assert message.key is None
     assert dict(message.headers) == {"event_id": b"3"}
+    decoded = build_message(job._replace(payload={"a": [1, 2], "é": None}), "t")
+    assert decoded.value == '{"a":[1,2],"é":null}'.encode()
+    for empty in (None, "null"):
+        with pytest.raises(DeadNow, match="empty value"):
+            build_message(job._replace(payload=empty), "t")

@@ -20,7 +20,7 @@ SETTINGS = load_settings({}, environ={})
 
 
 def job_row(attempts: int = 0, mode: DeliveryMode = DeliveryMode.AT_MOST_ONCE) -> JobRow:
-    return JobRow(id=1, target="t", code="t", key="k", version=1, payload=None, headers={},
+    return JobRow(id=1, target="t", code="t", key="k", version=1, payload_json=None, headers={},
                   attempts=attempts, trace_id="", dedupe_key="d", actor=None, partition=0,
                   delivery_mode=mode.value, created_at=None)
 

@@ -35,9 +35,11 @@ def snapshot() -> dict[str, Target]:
 def test_valid_registration_is_stored() -> None:
     target = register_target(NAME, noop, lane=Lane.LONG,
                              delivery_mode=DeliveryMode.AT_LEAST_ONCE, exclusive=True,
-                             max_attempts=3, retry_delays=[1, 2.5], batch_size=500)
+                             max_attempts=3, retry_delays=[1, 2.5], batch_size=500,
+                             payload_json=True)
     assert get_target(NAME) is target
     assert target.batch_size == 500
+    assert target.payload_json is True
     assert (target.lane, target.delivery_mode, target.exclusive) == (
         Lane.LONG, DeliveryMode.AT_LEAST_ONCE, True)
     assert (target.max_attempts, target.retry_delays) == (3, (1, 2.5))
@@ -131,18 +133,24 @@ def test_unknown_target_names_it() -> None:
 
 
 def test_handler_job_carries_every_field_of_the_row() -> None:
-    """``handler_job`` builds a Job positionally from a JobRow: the field orders must agree."""
+    """``handler_job`` builds a Job positionally from a JobRow: the field orders must agree,
+    and the payload is decoded unless the target takes it as JSON text."""
     from datetime import UTC, datetime
 
     from jobs_engine.handlers import handler_job
     from jobs_engine.store import JobRow
 
-    assert Job._fields == (*JobRow._fields[:11], "created_at")
+    assert Job._fields == ("id", "target", "code", "key", "version", "payload",
+                           *JobRow._fields[6:11], "created_at")
     created = datetime(2026, 1, 2, tzinfo=UTC)
-    row = JobRow(1, "t", "c", "k", 2, {"p": 1}, {"h": "v"}, 3, "tr", "dk", {"a": 1}, 5,
+    row = JobRow(1, "t", "c", "k", 2, '{"p": 1}', {"h": "v"}, 3, "tr", "dk", {"a": 1}, 5,
                  "at_most_once", created, "tok")
-    job = handler_job(row)
+    decoded = Target(name="t:decoded", handler=noop, lane=Lane.FAST)
+    forwarded = Target(name="t:forwarded", handler=noop, lane=Lane.FAST, payload_json=True)
+    job = handler_job(decoded, row)
     assert job._asdict() == {"id": 1, "target": "t", "code": "c", "key": "k", "version": 2,
                              "payload": {"p": 1}, "headers": {"h": "v"}, "attempts": 3,
                              "trace_id": "tr", "dedupe_key": "dk", "actor": {"a": 1},
                              "created_at": created}
+    assert handler_job(forwarded, row) == job._replace(payload='{"p": 1}')
+    assert handler_job(decoded, row._replace(payload_json=None)).payload is None
