@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from psycopg.types.datetime import TimestamptzLoader
 
 from jobs_engine.models import Job, JobStat, Partition, TargetPause, VersionCounter, Worker
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
@@ -148,7 +149,13 @@ def _values(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
 
 def _fetch(sql: str, params: Sequence[Any] = (), using: str | None = None
            ) -> list[tuple[Any, ...]]:
-    with _conn(using).cursor() as cursor:
+    conn = _conn(using)
+    with conn.cursor() as cursor:
+        if conn.vendor == "postgresql":
+            # The driver's own timestamptz loader: Django's wrapper re-sets the time zone of
+            # every value in Python, a third of the fast lane's row decoding. The driver's
+            # values are aware, in the session time zone Django sets: the same instants.
+            cursor.cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
 
