@@ -134,11 +134,17 @@ def _rows(rows: Sequence[Sequence[Any]], types: Sequence[str]) -> tuple[str, lis
 
 
 def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
-    """``(id, attempts)`` is one of ``rows``, led by ``id IN`` so that even a large queue
-    is read by its primary key (a bare row-value IN lets PostgreSQL hash the whole table)."""
-    ids, id_params = _in("id", [job_id for job_id, _ in rows])
-    pairs, pair_params = _rows(rows, ("bigint", "int"))
-    return f"{ids} AND (id, attempts) IN ({pairs})", [*id_params, *pair_params]
+    """``(id, attempts)`` is one of ``rows``: an ``id IN`` per attempts value (a send's
+    rows mostly share one), so even a large queue is read by its primary key."""
+    ids_by_attempts: dict[int, list[int]] = {}
+    for job_id, attempts in rows:
+        ids_by_attempts.setdefault(attempts, []).append(job_id)
+    clauses, params = [], []
+    for attempts, ids in ids_by_attempts.items():
+        ids_clause, ids_params = _in("id", ids)
+        clauses.append(f"({ids_clause} AND attempts = %s)")
+        params += [*ids_params, attempts]
+    return f"({' OR '.join(clauses)})", params
 
 
 def _values(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:

@@ -159,14 +159,18 @@ def build_message(job: Job, topic: str) -> OutMessage:
     if payload is None or payload == "null":
         raise DeadNow(f"kafka refused the record for {topic}: empty value (payload is None)")
     value = (payload if type(payload) is str else _VALUE_ENCODER.encode(payload)).encode()
-    headers: dict[str, bytes | None] = {"event_id": str(job.id).encode()}
-    if job.trace_id:
-        headers["trace_id"] = job.trace_id.encode()
-        headers["traceparent"] = traceparent(job.trace_id).encode()
-    for name, header in (job.headers or {}).items():
-        headers[str(name)] = _header_value(header)
-    return OutMessage(topic, value, job.key.encode() if job.key is not None else None,
-                      list(headers.items()))
+    trace_id = job.trace_id
+    headers: list[tuple[str, bytes | None]] = [("event_id", str(job.id).encode())]
+    if trace_id:
+        headers += (("trace_id", trace_id.encode()),
+                    ("traceparent", traceparent(trace_id).encode()))
+    if job.headers:  # the job's own headers win
+        merged = dict(headers)
+        for name, header in job.headers.items():
+            merged[str(name)] = _header_value(header)
+        headers = list(merged.items())
+    key = job.key
+    return OutMessage(topic, value, key.encode() if key is not None else None, headers)
 
 
 # -- the target ---------------------------------------------------------------------

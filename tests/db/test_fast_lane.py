@@ -122,6 +122,23 @@ def test_250_rows_go_out_100_100_50_and_success_deletes(targets: Any, t0: dateti
     assert JobModel.objects.count() == 0
 
 
+@pytest.mark.parametrize("count", [3, 40])  # ids inlined, and as one array parameter
+def test_success_delete_matches_each_row_on_the_attempts_it_was_read_with(
+        targets: Any, t0: datetime, count: int) -> None:
+    """A send's success delete is guarded per row on the attempts it was read with,
+    whatever mix of attempts the send holds: a row changed since (a takeover wrote its
+    outcome) stays."""
+    targets("fl.guard")
+    ids = [put("fl.guard", t0) for _ in range(count)]
+    for index, job_id in enumerate(ids):
+        JobModel.objects.filter(id=job_id).update(attempts=index % 3)
+    changed = ids[1]
+    JobModel.objects.filter(id=changed).update(attempts=5)
+    read = [(job_id, index % 3) for index, job_id in enumerate(ids)]
+    assert store.jobs_delete_succeeded(store.Guard(Lane.FAST, "token"), read) == count - 1
+    assert list(JobModel.objects.values_list("id", flat=True)) == [changed]
+
+
 def test_fast_batch_comes_from_settings(targets: Any, t0: datetime, jobs_settings: Any) -> None:
     """FAST_BATCH from settings.JOBS and from the JOBS_FAST_BATCH environment variable."""
     targets("fl.small")
