@@ -496,25 +496,38 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
 # -- fast lane --------------------------------------------------------------------------------
 
 
-def _fast_due_union(partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
-                    ) -> tuple[str, list[Any]]:
-    """One scan of heads per target, UNION ALL: ``_JOB_COLUMNS`` plus ``next_run_at``."""
+def _fast_due_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
+                  ) -> tuple[str, str, list[Any]]:
+    """The heads of each target in ``limits``: CTEs to put after ``WITH``, and their
+    UNION ALL (``_JOB_COLUMNS`` plus ``next_run_at``), with the parameters of both.
+
+    A target's poll walks its first ``limit`` due rows and keeps their heads, so a deep
+    backlog on few keys costs a poll ``limit`` rows, not the whole backlog: the later
+    versions among them wait for a later poll. Only when that window holds no head at all
+    (its rows are all held by heads further on, say versions committed out of order) is
+    the whole due backlog walked for heads.
+    """
     part_clause, part_params = _in("j.partition", partitions)
-    per_target = (
-        f"SELECT * FROM (SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))}, "
-        "j.next_run_at "
-        f"FROM {JOBS} j WHERE j.lane = %s AND j.status = %s AND j.target = %s "
-        f"AND j.next_run_at <= %s AND {part_clause} "
-        "AND (j.key IS NULL OR NOT EXISTS ("
-        f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
-        "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
-        "AND (e.version, e.id) < (j.version, j.id))) "
-        "ORDER BY j.next_run_at, j.id LIMIT %s) AS t{n}"
-    )
-    params: list[Any] = []
-    for target, limit in limits.items():
-        params += [Lane.FAST.value, _PENDING, target, _dt(now), *part_params, _PENDING, limit]
-    return " UNION ALL ".join(per_target.format(n=n) for n in range(len(limits))), params
+    due = (f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))}, "
+           f"j.next_run_at FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+           f"AND j.target = %s AND j.next_run_at <= %s AND {part_clause}")
+    head = ("(j.key IS NULL OR NOT EXISTS ("
+            f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
+            "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
+            "AND (e.version, e.id) < (j.version, j.id)))")
+    order = "ORDER BY j.next_run_at, j.id LIMIT %s"
+    materialized = "MATERIALIZED " if is_postgres() else ""
+    ctes, branches, cte_params, union_params = [], [], [], []
+    for n, (target, limit) in enumerate(limits.items()):
+        due_params = [Lane.FAST.value, _PENDING, target, _dt(now), *part_params]
+        ctes.append(f"window{n} AS {materialized}(SELECT * FROM ({due} {order}) AS j "
+                    f"WHERE {head})")
+        cte_params += [*due_params, limit, _PENDING]
+        branches.append(f"SELECT * FROM window{n} UNION ALL SELECT * FROM ("
+                        f"{due} AND {head} {order}) AS backlog{n} "
+                        f"WHERE NOT EXISTS (SELECT 1 FROM window{n})")
+        union_params += [*due_params, _PENDING, limit]
+    return ", ".join(ctes), " UNION ALL ".join(branches), [*cte_params, *union_params]
 
 
 _COLUMN_NAMES = ", ".join(c.strip() for c in _JOB_COLUMNS.split(","))
@@ -535,9 +548,10 @@ def jobs_fast_due(
     """
     if not limits or not partitions:
         return []
-    union, params = _fast_due_union(partitions, now, limits)
+    ctes, union, params = _fast_due_sql(partitions, now, limits)
     return [_job_row(row) for row in _fetch(
-        f"SELECT {_COLUMN_NAMES} FROM ({union}) AS due ORDER BY next_run_at, id", params)]
+        f"WITH {ctes} SELECT {_COLUMN_NAMES} FROM ({union}) AS due ORDER BY next_run_at, id",
+        params)]
 
 
 @dataclass(frozen=True)
@@ -577,11 +591,11 @@ def jobs_fast_poll(
             owner, now, wanted, token,
             [(row.partition, row.id, row.attempts) for row in rows if row.target == first])
         return FastPoll(rows, first, {p: ids for p, ids in wanted.items() if p in marked})
-    union, params = _fast_due_union(partitions, now, limits)
+    ctes, union, params = _fast_due_sql(partitions, now, limits)
     markable_clause, markable_params = _in("target", list(markable))
     first_send = f"target = (SELECT min(target) FROM due) AND {markable_clause}"
     fetched = _fetch(
-        f"WITH due AS MATERIALIZED ({union}), "
+        f"WITH {ctes}, due AS MATERIALIZED ({union}), "
         f"first_send AS MATERIALIZED (SELECT partition, jsonb_agg(id) AS ids FROM due "
         f"WHERE {first_send} GROUP BY partition), "
         f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = f.ids, inflight_token = %s "

@@ -296,6 +296,38 @@ def test_versions_committed_out_of_order_are_sent_in_order(
     assert sent == [1, 2, 3]
 
 
+def test_a_poll_keeps_the_heads_of_a_window_of_batch_rows(targets: Any, t0: datetime,
+                                                          jobs_settings: Any) -> None:
+    """With fewer keys than FAST_BATCH, a poll keeps the heads among the target's first
+    FAST_BATCH due rows instead of reading the whole backlog for more: a deep backlog on
+    few keys costs a poll that many rows. Later rows (a keyless one here) wait for a later
+    poll; every key keeps its order."""
+    target = targets("fl.window")
+    step = 0
+    for version in (1, 2, 3):
+        for key in ("a", "b"):
+            step += 1
+            put("fl.window", t0 - (10 - step) * SECOND, key=key, version=version)
+    put("fl.window", t0, payload="keyless")
+    worker = make_worker("A", jobs_settings(FAST_BATCH=4))
+    assert [worker.run(t0) for _ in range(4)] == [2, 2, 3, 0]
+    assert [(job.key, job.version) for job in target.extra["calls"]] == [
+        ("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3), ("b", 3), (None, 0)]
+
+
+def test_a_window_without_a_head_falls_back_to_the_whole_backlog(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """When every row of a poll's window waits for an earlier version due later
+    (versions committed out of order), the poll walks the whole due backlog for heads, so
+    the lane never stalls behind them."""
+    target = targets("fl.held")
+    for version, seconds_ago in ((2, 3), (3, 2), (1, 1)):  # v1 committed last, due last
+        put("fl.held", t0 - seconds_ago * SECOND, key="k", version=version)
+    worker = make_worker("A", jobs_settings(FAST_BATCH=2))
+    assert [worker.run(t0) for _ in range(4)] == [1, 1, 1, 0]
+    assert [job.version for job in target.extra["calls"]] == [1, 2, 3]
+
+
 def test_rows_without_key_are_not_held(targets: Any, t0: datetime) -> None:
     calls: list[Job] = []
     failed: list[int] = []
