@@ -537,7 +537,8 @@ def jobs_fast_due(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
 ) -> list[JobRow]:
     """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) in
-    the given partitions, each the head of its key, in run order.
+    the given partitions, each the head of its key, in run order: the heads among each
+    target's first ``limit`` due rows (``_fast_due_sql``).
 
     A row is the head when no PENDING row of the same target and key comes before it in
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
