@@ -65,6 +65,7 @@ class FastLane:
         self.leases = leases
         self.pauses = pauses
         self._monotonic = monotonic
+        self._next_backlog_walk = 0.0  # monotonic time of the next whole-backlog walk
 
     def run_once(self, now: datetime | None = None) -> int:
         """One poll and its sends; returns the number of rows handed to targets."""
@@ -87,7 +88,8 @@ class FastLane:
         token = uuid.uuid4().hex  # one per poll: marks, outcomes and the final clear carry it
         poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id, token=token,
                                     markable=markable)
-        rows, _, probes = self.pauses.probe_rows(poll.rows, gate, now)  # unsent stay PENDING
+        rows = poll.rows + self._backlog_heads(held, now, limits, poll.rows)
+        rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent stay PENDING
         if not rows:
             return 0
         partitions = {row.partition for row in rows}
@@ -96,6 +98,20 @@ class FastLane:
             return self._send_poll(rows, poll, token, probes, clock)
         finally:
             self.leases.busy -= partitions
+
+    def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
+                       rows: list[store.JobRow]) -> list[store.JobRow]:
+        """Heads from the whole due backlog of the targets the poll read nothing of, at
+        most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
+        stall its target, and the walk reads that target's whole backlog."""
+        if self._monotonic() < self._next_backlog_walk:
+            return []
+        found = {row.target for row in rows}
+        missing = {name: limit for name, limit in limits.items() if name not in found}
+        if not missing:
+            return []
+        self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
+        return store.jobs_fast_due(held, now, missing, whole_backlog=True)
 
     def _send_poll(self, rows: list[store.JobRow], poll: store.FastPoll, token: str,
                    probes: frozenset[str], clock: Callable[[], datetime]) -> int:

@@ -496,16 +496,15 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
 # -- fast lane --------------------------------------------------------------------------------
 
 
-def _fast_due_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
-                  ) -> tuple[str, str, list[Any]]:
-    """The heads of each target in ``limits``: CTEs to put after ``WITH``, and their
-    UNION ALL (``_JOB_COLUMNS`` plus ``next_run_at``), with the parameters of both.
+def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
+                    whole_backlog: bool = False) -> tuple[str, list[Any]]:
+    """The heads of each target in ``limits``, UNION ALL: ``_JOB_COLUMNS`` plus
+    ``next_run_at``.
 
-    A target's poll walks its first ``limit`` due rows and keeps their heads, so a deep
-    backlog on few keys costs a poll ``limit`` rows, not the whole backlog: the later
-    versions among them wait for a later poll. Only when that window holds no head at all
-    (its rows are all held by heads further on, say versions committed out of order) is
-    the whole due backlog walked for heads.
+    A target's heads are those among its first ``limit`` due rows (its window), so a deep
+    backlog on few keys costs a poll ``limit`` rows, not the whole backlog; the later
+    versions among them wait for a later poll. ``whole_backlog``: the first ``limit``
+    heads of the whole due backlog.
     """
     part_clause, part_params = _in("j.partition", partitions)
     due = (f"SELECT {', '.join('j.' + c.strip() for c in _JOB_COLUMNS.split(','))}, "
@@ -516,29 +515,27 @@ def _fast_due_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str,
             "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
             "AND (e.version, e.id) < (j.version, j.id)))")
     order = "ORDER BY j.next_run_at, j.id LIMIT %s"
-    materialized = "MATERIALIZED " if is_postgres() else ""
-    ctes, branches, cte_params, union_params = [], [], [], []
+    if whole_backlog:
+        per_target = f"SELECT * FROM ({due} AND {head} {order}) AS t{{n}}"
+    else:
+        per_target = f"SELECT * FROM ({due} {order}) AS j WHERE {head}"
+    branches, params = [], []
     for n, (target, limit) in enumerate(limits.items()):
+        branches.append(per_target.format(n=n))
         due_params = [Lane.FAST.value, _PENDING, target, _dt(now), *part_params]
-        ctes.append(f"window{n} AS {materialized}(SELECT * FROM ({due} {order}) AS j "
-                    f"WHERE {head})")
-        cte_params += [*due_params, limit, _PENDING]
-        branches.append(f"SELECT * FROM window{n} UNION ALL SELECT * FROM ("
-                        f"{due} AND {head} {order}) AS backlog{n} "
-                        f"WHERE NOT EXISTS (SELECT 1 FROM window{n})")
-        union_params += [*due_params, _PENDING, limit]
-    return ", ".join(ctes), " UNION ALL ".join(branches), [*cte_params, *union_params]
+        params += ([*due_params, _PENDING, limit] if whole_backlog
+                   else [*due_params, limit, _PENDING])
+    return " UNION ALL ".join(branches), params
 
 
 _COLUMN_NAMES = ", ".join(c.strip() for c in _JOB_COLUMNS.split(","))
 
 
-def jobs_fast_due(
-    partitions: Sequence[int], now: datetime, limits: Mapping[str, int]
-) -> list[JobRow]:
+def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
+                  whole_backlog: bool = False) -> list[JobRow]:
     """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) in
     the given partitions, each the head of its key, in run order: the heads among each
-    target's first ``limit`` due rows (``_fast_due_sql``).
+    target's first ``limit`` due rows (``_fast_heads_sql``).
 
     A row is the head when no PENDING row of the same target and key comes before it in
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
@@ -546,13 +543,17 @@ def jobs_fast_due(
     DEAD rows hold nothing. Index-backed: one scan of ``jobs_fast_pending_due`` per
     target, so a paused target's backlog is never walked, and each hold test is one
     probe of ``jobs_pending_key_order``.
+
+    ``whole_backlog``: the first heads of each target's whole due backlog instead. A
+    window holds no head when every row in it waits for an earlier version due later
+    (versions committed out of order); this walk keeps the lane from stalling behind
+    them, and reads the whole backlog, so the lane runs it seldom.
     """
     if not limits or not partitions:
         return []
-    ctes, union, params = _fast_due_sql(partitions, now, limits)
+    union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog)
     return [_job_row(row) for row in _fetch(
-        f"WITH {ctes} SELECT {_COLUMN_NAMES} FROM ({union}) AS due ORDER BY next_run_at, id",
-        params)]
+        f"SELECT {_COLUMN_NAMES} FROM ({union}) AS due ORDER BY next_run_at, id", params)]
 
 
 @dataclass(frozen=True)
@@ -592,11 +593,11 @@ def jobs_fast_poll(
             owner, now, wanted, token,
             [(row.partition, row.id, row.attempts) for row in rows if row.target == first])
         return FastPoll(rows, first, {p: ids for p, ids in wanted.items() if p in marked})
-    ctes, union, params = _fast_due_sql(partitions, now, limits)
+    union, params = _fast_heads_sql(partitions, now, limits)
     markable_clause, markable_params = _in("target", list(markable))
     first_send = f"target = (SELECT min(target) FROM due) AND {markable_clause}"
     fetched = _fetch(
-        f"WITH {ctes}, due AS MATERIALIZED ({union}), "
+        f"WITH due AS MATERIALIZED ({union}), "
         f"first_send AS MATERIALIZED (SELECT partition, jsonb_agg(id) AS ids FROM due "
         f"WHERE {first_send} GROUP BY partition), "
         f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = f.ids, inflight_token = %s "

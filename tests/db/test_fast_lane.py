@@ -317,15 +317,26 @@ def test_a_poll_keeps_the_heads_of_a_window_of_batch_rows(targets: Any, t0: date
 
 def test_a_window_without_a_head_falls_back_to_the_whole_backlog(
         targets: Any, t0: datetime, jobs_settings: Any) -> None:
-    """When every row of a poll's window waits for an earlier version due later
-    (versions committed out of order), the poll walks the whole due backlog for heads, so
-    the lane never stalls behind them."""
+    """When every row of a target's window waits for an earlier version due later
+    (versions committed out of order), the lane walks that target's whole due backlog for
+    heads, so it never stalls behind them, even while another target's rows (here a
+    batch, marked by the read) go out in the same polls."""
     target = targets("fl.held")
     for version, seconds_ago in ((2, 3), (3, 2), (1, 1)):  # v1 committed last, due last
         put("fl.held", t0 - seconds_ago * SECOND, key="k", version=version)
+    batches: list[int] = []
+    targets("fl.busy", batch_handler=lambda jobs: batches.append(len(jobs)) or [None] * len(jobs))
+    enqueue_many([{"target": "fl.busy", "payload": i, "run_at": t0} for i in range(4)])
     worker = make_worker("A", jobs_settings(FAST_BATCH=2))
-    assert [worker.run(t0) for _ in range(4)] == [1, 1, 1, 0]
+    assert [worker.run(t0) for _ in range(4)] == [3, 3, 1, 0]
     assert [job.version for job in target.extra["calls"]] == [1, 2, 3]
+    assert batches == [2, 2]
+    # The walk reads a whole backlog, so it runs at most once per POLL_S.
+    for version, seconds_ago in ((2, 3), (3, 2), (1, 1)):
+        put("fl.held", t0 - seconds_ago * SECOND, key="k2", version=version)
+    assert worker.run(t0) == 0
+    worker.clock.advance(conf.jobs_settings().POLL_S)
+    assert worker.run(t0) == 1
 
 
 def test_rows_without_key_are_not_held(targets: Any, t0: datetime) -> None:
