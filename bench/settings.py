@@ -11,3 +11,7 @@ from config.settings import *  # noqa: F403
 from config.settings import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.apps.BenchConfig"]
+
+# Workers run as in production (and as the peers' harness runs theirs): with DEBUG on,
+# Django keeps every statement of a worker in memory.
+DEBUG = False
