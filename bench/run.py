@@ -240,7 +240,7 @@ class Options:
     poll_reps: int
     log_level: str
     drain_poll_s: float
-    kafka_n: int = 10_000
+    kafka_n: int = 50_000
     kafka_keys: int = 1_000
     kafka_port: int = 19292
     kafka_dir: str = str(Path(tempfile.gettempdir()) / "jobs-engine-kafka-bench")
@@ -1180,7 +1180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-reps", type=int, default=50)
     p.add_argument("--worker-log-level", default="WARNING")
     p.add_argument("--drain-poll-ms", type=float, default=20)
-    p.add_argument("--kafka-n", type=int, default=10_000)
+    p.add_argument("--kafka-n", type=int, default=50_000,
+                   help="events of the kafka phase: a drain of over a second, so the 20 ms "
+                        "progress sampling is a small part of it")
     p.add_argument("--kafka-keys", type=int, default=1_000)
     p.add_argument("--kafka-port", type=int, default=19292,
                    help="port of the bench's own broker (scripts/kafka.sh JOBS_KAFKA_PORT)")
