@@ -106,6 +106,8 @@ def register_target(
     if batch_size is not None and (isinstance(batch_size, bool)
                                    or not isinstance(batch_size, int) or batch_size < 1):
         raise InvalidJob("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+    if not isinstance(payload_json, bool):
+        raise InvalidJob("payload_json", f"must be True or False, got {payload_json!r}")
     delays: tuple[float, ...] | None = None
     if retry_delays is not None:
         delays = tuple(retry_delays)
@@ -116,7 +118,7 @@ def register_target(
     target = Target(
         name=name, handler=handler, lane=lane, delivery_mode=delivery_mode, lossy=lossy,
         exclusive=exclusive, max_attempts=max_attempts, retry_delays=delays,
-        batch_handler=batch_handler, batch_size=batch_size, payload_json=bool(payload_json),
+        batch_handler=batch_handler, batch_size=batch_size, payload_json=payload_json,
     )
     with _lock:
         if name in _targets:

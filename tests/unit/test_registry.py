@@ -71,6 +71,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("batch-size-zero", {"batch_size": 0}, "batch_size"),
     ("batch-size-text", {"batch_size": "500"}, "batch_size"),
     ("batch-size-bool", {"batch_size": True}, "batch_size"),
+    ("payload-json-text", {"payload_json": "yes"}, "payload_json"),
 ]
 
 
