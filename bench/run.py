@@ -694,9 +694,9 @@ def phase_poll(o: Options) -> Metrics:
     uses = {name: name in fast_plan
             for name in ("jobs_fast_pending_due", "jobs_pending_key_order")}
     seq = f"Seq Scan on {store.JOBS}" in fast_plan or f"SCAN {store.JOBS}" in fast_plan
-    long_uses_index = "jobs_pending_due" in long_plan
+    long_uses_index = "jobs_long_pending_due" in long_plan
     print(f"    fast poll plan uses {uses}, seq scan: {seq}; long candidates use "
-          f"jobs_pending_due: {long_uses_index}", flush=True)
+          f"jobs_long_pending_due: {long_uses_index}", flush=True)
     reset()
     return {
         "poll:small": small["poll_ms"], "poll:big": big["poll_ms"],

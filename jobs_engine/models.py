@@ -48,9 +48,10 @@ class Job(models.Model):
 
     class Meta:
         indexes = [
-            # Long lane reserve: due PENDING rows in run order.
-            models.Index(fields=["lane", "next_run_at", "id"], condition=PENDING,
-                         name="jobs_pending_due"),
+            # Long lane reserve: due rows in run order. Long lane only, so a fast-lane
+            # poll can only read its own target's index, never walk other targets' rows.
+            models.Index(fields=["next_run_at", "id"], condition=PENDING & Q(lane=Lane.LONG),
+                         name="jobs_long_pending_due"),
             # Fast lane poll: due rows of one target in run order.
             models.Index(fields=["target", "next_run_at", "id"],
                          condition=PENDING & Q(lane=Lane.FAST), name="jobs_fast_pending_due"),

@@ -1024,7 +1024,7 @@ def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
 
 
 def jobs_pending_by_lane() -> dict[str, tuple[int, datetime | None]]:
-    """lane → (PENDING rows, earliest next_run_at); index ``jobs_pending_due``."""
+    """lane → (PENDING rows, earliest next_run_at): a count, so a scan of the pending rows."""
     rows = _fetch(f"SELECT lane, COUNT(*), MIN(next_run_at) FROM {JOBS} WHERE status = %s "
                   "GROUP BY lane", [_PENDING])
     return {lane: (count, _read_dt(earliest)) for lane, count, earliest in rows}

@@ -8,6 +8,7 @@ moves it, so lease trust is decided by the test.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -337,6 +338,46 @@ def test_a_window_without_a_head_falls_back_to_the_whole_backlog(
     assert worker.run(t0) == 0
     worker.clock.advance(conf.jobs_settings().POLL_S)
     assert worker.run(t0) == 1
+
+
+def test_a_poll_never_walks_another_targets_backlog(targets: Any, t0: datetime) -> None:
+    """A target's poll reads its own due rows only: another target's backlog due earlier
+    (say one paused for an hour) is never walked. No index orders fast-lane rows by run
+    time across targets, so the planner cannot choose to walk one; on PostgreSQL the plan
+    shows it: every scan of the jobs table is an index scan, and none filters rows away."""
+    for index in JobModel._meta.indexes:
+        if "next_run_at" in index.fields and index.fields[0] != "target":
+            terms = dict(term for term in index.condition.children if isinstance(term, tuple))
+            assert terms.get("lane") == Lane.LONG, index.name
+    targets("fl.earlier")
+    targets("fl.later")
+    hour_ago = t0 - timedelta(hours=1)
+    enqueue_many([{"target": "fl.earlier", "payload": i, "run_at": hour_ago + i * SECOND / 10}
+                  for i in range(3000)])
+    enqueue_many([{"target": "fl.later", "payload": i, "run_at": t0 - SECOND}
+                  for i in range(3000)])
+    partitions = list(range(conf.jobs_settings().PARTITIONS))
+    with CaptureQueriesContext(connection) as captured:
+        rows = store.jobs_fast_due(partitions, t0, {"fl.later": 100})
+    assert len(rows) == 100 and {row.target for row in rows} == {"fl.later"}
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE jobs_engine_job")
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + captured.captured_queries[-1]["sql"])
+        plan = cursor.fetchone()[0]
+    plan = plan if isinstance(plan, list) else json.loads(plan)
+    nodes, scans = [plan[0]["Plan"]], []
+    while nodes:
+        node = nodes.pop()
+        nodes += node.get("Plans", [])
+        if node.get("Relation Name") == "jobs_engine_job":
+            scans.append(node)
+    assert scans and all(node["Node Type"] in {"Index Scan", "Index Only Scan"}
+                         for node in scans), scans
+    assert {node["Index Name"] for node in scans} <= {"jobs_fast_pending_due",
+                                                      "jobs_pending_key_order"}
+    assert sum(node.get("Rows Removed by Filter", 0) for node in scans) == 0
 
 
 def test_rows_without_key_are_not_held(targets: Any, t0: datetime) -> None:
