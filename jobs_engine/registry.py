@@ -106,8 +106,10 @@ def register_target(
     if batch_size is not None and (isinstance(batch_size, bool)
                                    or not isinstance(batch_size, int) or batch_size < 1):
         raise InvalidJob("batch_size", f"must be an integer >= 1, got {batch_size!r}")
-    if not isinstance(payload_json, bool):
-        raise InvalidJob("payload_json", f"must be True or False, got {payload_json!r}")
+    for flag, value in (("lossy", lossy), ("exclusive", exclusive),
+                        ("payload_json", payload_json)):
+        if not isinstance(value, bool):  # "no" or 0 would pass a truth test the wrong way
+            raise InvalidJob(flag, f"must be True or False, got {value!r}")
     delays: tuple[float, ...] | None = None
     if retry_delays is not None:
         delays = tuple(retry_delays)

@@ -72,6 +72,10 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("batch-size-text", {"batch_size": "500"}, "batch_size"),
     ("batch-size-bool", {"batch_size": True}, "batch_size"),
     ("payload-json-text", {"payload_json": "yes"}, "payload_json"),
+    ("lossy-text", {"lossy": "no"}, "lossy"),
+    ("lossy-int", {"lossy": 1}, "lossy"),
+    ("exclusive-text", {"exclusive": "false"}, "exclusive"),
+    ("exclusive-none", {"exclusive": None}, "exclusive"),
 ]
 
 
