@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -43,7 +44,7 @@ from jobs_engine.registry import Target
 from tests.conftest import is_postgres
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON = "/work/venv312/bin/python"
+PYTHON = sys.executable
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 TRANSACTIONAL = pytest.mark.django_db(transaction=True)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from jobs_engine.conf import jobs_settings, load_settings
 from jobs_engine.errors import InvalidSettings
 
 ROOT = Path(__file__).resolve().parents[2]
-PYTHON = "/work/venv312/bin/python"
+PYTHON = sys.executable
 
 
 @pytest.fixture(autouse=True)
