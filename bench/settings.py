@@ -7,11 +7,16 @@ can run them.
 
 from __future__ import annotations
 
-from config.settings import *  # noqa: F403
-from config.settings import INSTALLED_APPS
+import os
+
+# Workers run as in production (and as the peers' harness runs theirs): with DEBUG on,
+# Django keeps every statement of a worker in memory. The demo refuses DEBUG off without
+# a key of its own.
+os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-" + "x" * 40)
+
+from config.settings import *  # noqa: E402, F403
+from config.settings import INSTALLED_APPS  # noqa: E402
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.apps.BenchConfig"]
 
-# Workers run as in production (and as the peers' harness runs theirs): with DEBUG on,
-# Django keeps every statement of a worker in memory.
 DEBUG = False

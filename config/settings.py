@@ -1,7 +1,20 @@
-"""Settings of the jobs-engine project.
+"""Settings of the demo project, safe by default.
 
-``DATABASE_URL`` picks the database (``postgres://user:pass@host:port/name`` or
-``sqlite:///path``); without it the embedded default is a SQLite file under ``var/``.
+Read from the environment:
+
+- ``DJANGO_DEBUG`` — off unless set to ``1`` (``scripts/run.sh`` sets it for a local run);
+- ``DJANGO_SECRET_KEY`` — required with ``DEBUG`` off: the process refuses to start without
+  one, or with the published development key;
+- ``DJANGO_ALLOWED_HOSTS`` — comma-separated (default ``127.0.0.1,localhost``);
+- ``DATABASE_URL`` — ``postgres://user:pass@host:port/name`` or ``sqlite:///path``; without
+  it the embedded default is a SQLite file under ``var/``;
+- with ``DEBUG`` off, HTTPS settings: ``DJANGO_SECURE_SSL_REDIRECT`` (default on),
+  ``DJANGO_HSTS_SECONDS`` (default 0), ``DJANGO_HSTS_INCLUDE_SUBDOMAINS`` and
+  ``DJANGO_HSTS_PRELOAD`` (default off), ``DJANGO_TLS_PROXY`` (trust
+  ``X-Forwarded-Proto: https`` from a TLS-terminating proxy; default off).
+
+The README's "Deploying the demo" lists the values with which ``manage.py check --deploy``
+reports nothing.
 """
 
 from __future__ import annotations
@@ -10,11 +23,49 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from django.core.exceptions import ImproperlyConfigured
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dev-only-not-secret-change-me")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+# Published in this repository: fine for a laptop, refused with DEBUG off.
+DEVELOPMENT_SECRET_KEY = "dev-only-not-secret-change-me"
+
+
+def env_flag(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() in {"1", "true", "on", "yes"}:
+        return True
+    if raw.strip().lower() in {"0", "false", "off", "no"}:
+        return False
+    raise ImproperlyConfigured(f"{name}={raw!r}: expected 1 or 0")
+
+
+DEBUG = env_flag("DJANGO_DEBUG", False)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "") or (DEVELOPMENT_SECRET_KEY if DEBUG else "")
+if not DEBUG and SECRET_KEY in {"", DEVELOPMENT_SECRET_KEY}:
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set (or is the published development key) and DEBUG is "
+        "off: set DJANGO_SECRET_KEY to a long random value, or set DJANGO_DEBUG=1 for a "
+        "local run (scripts/run.sh does)")
+ALLOWED_HOSTS = [host.strip() for host in
+                 os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",")
+                 if host.strip()]
+
+if not DEBUG:
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_SSL_REDIRECT = env_flag("DJANGO_SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = int(os.environ.get("DJANGO_HSTS_SECONDS") or 0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_flag("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = env_flag("DJANGO_HSTS_PRELOAD", False)
+    if env_flag("DJANGO_TLS_PROXY", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# Error reports (the debug page, mails to ADMINS) hide settings and environment values
+# whose names say they hold a secret; DATABASE_URL carries the database password.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.reporting.SecretsHiddenFilter"
 
 
 def database_from_url(url: str | None) -> dict:
@@ -40,7 +91,7 @@ def database_from_url(url: str | None) -> dict:
             "CONN_MAX_AGE": None,
             "CONN_HEALTH_CHECKS": True,
         }
-    raise ValueError(f"DATABASE_URL: unsupported scheme {parsed.scheme!r}")
+    raise ImproperlyConfigured(f"DATABASE_URL: unsupported scheme {parsed.scheme!r}")
 
 
 DATABASES = {"default": database_from_url(os.environ.get("DATABASE_URL"))}
@@ -75,7 +126,7 @@ ROOT_URLCONF = "config.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -90,6 +141,7 @@ WSGI_APPLICATION = "config.wsgi.application"
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT") or BASE_DIR / "var" / "static"
 
 # The demo's order events (examples.orders) go to kafka:<DEMO_ORDERS_TOPIC>.
 DEMO_ORDERS_TOPIC = os.environ.get("DEMO_ORDERS_TOPIC", "demo.orders")

@@ -28,17 +28,24 @@ from django.views.decorators.http import require_POST
 
 from jobs_engine import operations, registry, store
 from jobs_engine.conf import jobs_settings
-from jobs_engine.models import AuditRecord, Job, JobStat, Partition, TargetPause, Worker
+from jobs_engine.models import (
+    MANAGE_PERMISSION,
+    AuditRecord,
+    Job,
+    JobStat,
+    Partition,
+    TargetPause,
+    Worker,
+)
 from jobs_engine.operations import OperationRefused
 from jobs_engine.queries import CappedCountPaginator
 from jobs_engine.states import JobStatus, Lane
 
-MANAGE = "jobs_engine.manage_jobs"
 BULK_LIMIT = 1000  # rows one bulk action handles; "select all" on a million rows stops here
 
 
 def can_manage(request: HttpRequest) -> bool:
-    return request.user.is_active and request.user.has_perm(MANAGE)
+    return request.user.is_active and request.user.has_perm(MANAGE_PERMISSION)
 
 
 class ManagedAdmin(admin.ModelAdmin):

@@ -30,13 +30,12 @@ from ninja.utils import check_csrf
 from pydantic import StringConstraints
 
 from jobs_engine import operations
-from jobs_engine.models import Job
+from jobs_engine.models import MANAGE_PERMISSION, Job
 from jobs_engine.operations import MAX_JOB_ID, OperationRefused
 from jobs_engine.queries import capped_count
 
 logger = logging.getLogger("jobs_engine")
 
-PERMISSION = "jobs_engine.manage_jobs"
 MAX_BODY_BYTES = 64 * 1024  # the API takes small bodies (a cron override); more is refused
 MAX_PAGE = 100_000
 MAX_LIMIT = 100
@@ -95,8 +94,8 @@ class ManagerSession(APIKeyCookie):
             raise ApiError(403, "csrf_failed",
                            ["CSRF check failed: send the csrftoken cookie's value in an "
                             "X-CSRFToken header"])
-        if not user.has_perm(PERMISSION):
-            raise ApiError(403, "forbidden", [f"the {PERMISSION} permission is required"])
+        if not user.has_perm(MANAGE_PERMISSION):
+            raise ApiError(403, "forbidden", [f"the {MANAGE_PERMISSION} permission is required"])
         return user
 
 

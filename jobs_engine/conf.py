@@ -39,18 +39,24 @@ class JobsSettings:
     MAX_CODE_LENGTH: int = 200
     WORKERS: bool = True
     NOTIFY: bool = True  # PostgreSQL only: wake workers on commit instead of the next poll
+    # ``/metrics`` answers a request with ``Authorization: Bearer <METRICS_TOKEN>`` (a
+    # Prometheus scraper) and logged-in users with the engine's permission; no one else.
+    METRICS_TOKEN: str = ""
     KAFKA: dict[str, Any] = field(default_factory=dict)
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, problem) for every value that cannot work."""
         found: list[tuple[str, str]] = []
-        for f in dataclasses.fields(self):  # a non-number would crash the checks below
+        for f in dataclasses.fields(self):  # a wrong type would crash the checks below
             value = getattr(self, f.name)
-            items = value if f.type.startswith("tuple") and isinstance(value, tuple) else [value]
-            kind = int if f.type == "int" else int | float
-            if f.type in {"int", "float", "tuple[float, ...]"} and any(
-                    isinstance(v, bool) or not isinstance(v, kind) for v in items):
-                found.append((f.name, f"must be a {f.type} number, got {value!r}"))
+            if f.type in _NUMBERS:
+                items = value if isinstance(value, tuple) else [value]
+                kind = int if f.type == "int" else int | float
+                if (not isinstance(value, tuple) and f.type.startswith("tuple")) or any(
+                        isinstance(v, bool) or not isinstance(v, kind) for v in items):
+                    found.append((f.name, f"must be a {_NUMBERS[f.type]}, got {value!r}"))
+            elif f.type in _OTHERS and not isinstance(value, _OTHERS[f.type][0]):
+                found.append((f.name, f"must be {_OTHERS[f.type][1]}, got {value!r}"))
         if found:
             return found
         positive = (
@@ -75,6 +81,11 @@ class JobsSettings:
         return found
 
 
+_NUMBERS = {"int": "whole number", "float": "number",
+            "tuple[float, ...]": "list of numbers of seconds"}
+_OTHERS: dict[str, tuple[type, str]] = {"bool": (bool, "True or False"),
+                                         "str": (str, "a string"),
+                                         "dict[str, Any]": (dict, "a dict")}
 _NUMBER_LISTS = {"RETRY_DELAYS", "IDLE_POLL_S"}
 
 
@@ -91,6 +102,8 @@ def _parse_env(name: str, raw: str, default: Any) -> Any:
         if isinstance(default, int | float):  # a float field may have an int default (30)
             return float(raw) if JobsSettings.__dataclass_fields__[name].type == "float" \
                 else int(raw)
+        if isinstance(default, str):
+            return raw
     except ValueError as exc:
         raise InvalidSettings(f"JOBS_{name}={raw!r} from the environment: {exc}") from exc
     raise InvalidSettings(f"JOBS_{name} cannot be set from the environment")
@@ -99,7 +112,10 @@ def _parse_env(name: str, raw: str, default: Any) -> Any:
 def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None
                   ) -> JobsSettings:
     """Build the settings from ``settings.JOBS`` (or ``overrides``) and the environment."""
-    given = dict(getattr(django_settings, "JOBS", {}) if overrides is None else overrides)
+    raw = getattr(django_settings, "JOBS", {}) if overrides is None else overrides
+    if not isinstance(raw, dict):
+        raise InvalidSettings(f"JOBS must be a dict of settings, got {type(raw).__name__}")
+    given = dict(raw)
     environ = os.environ if environ is None else environ
     defaults = JobsSettings()
     known = {f.name for f in dataclasses.fields(JobsSettings)}

@@ -1,34 +1,44 @@
-"""``/metrics`` in the Prometheus text format (``prometheus-client``).
+"""``/metrics`` in the Prometheus text format (the ``metrics`` extra: ``prometheus-client``).
 
 Read from the database at each scrape, so every worker and web pod reports the same
 cluster-wide numbers: backlog per lane, how overdue the oldest due row is, DEAD and
 RUNNING rows, live workers, paused targets, and runs per target and outcome from the
 hourly statistics (summed over the hours kept).
+
+Counts only, never payloads; still, they tell an outsider how busy the system is and which
+targets exist, so the page is closed by default: a scraper sends
+``Authorization: Bearer <JOBS["METRICS_TOKEN"]>``, and a logged-in user with the engine's
+permission may read it in a browser. Anyone else gets 401 (or 403 when logged in).
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterator
 from datetime import datetime
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
+from jobs_engine.models import MANAGE_PERMISSION
 from jobs_engine.states import JobStatus, Lane
 
+MISSING_EXTRA = ("Prometheus metrics need prometheus-client: "
+                 "pip install 'jobs-engine[metrics]'\n")
 
-class JobsCollector(Collector):
+
+class JobsCollector:
     """Collects the engine's series from the database; ``now`` is fixed by tests."""
 
     def __init__(self, now: datetime | None = None) -> None:
         self.now = now
 
-    def collect(self) -> Iterator[Metric]:
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
         now = self.now or store.db_now()
         pending = store.jobs_pending_by_lane()
         backlog = GaugeMetricFamily("jobs_backlog", "PENDING job rows per lane.",
@@ -67,13 +77,40 @@ class JobsCollector(Collector):
 
 
 def render(now: datetime | None = None) -> bytes:
+    from prometheus_client import CollectorRegistry, generate_latest
+
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobsCollector(now))
+    registry.register(JobsCollector(now))  # type: ignore[arg-type]
     return generate_latest(registry)
+
+
+def _refusal(request: HttpRequest) -> HttpResponse | None:
+    """None when the request may read the metrics, else the answer that refuses it."""
+    token = jobs_settings().METRICS_TOKEN
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    if token and scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), token.encode()):
+        return None
+    user = getattr(request, "user", None)
+    if user is not None and user.is_authenticated:
+        if user.is_active and user.has_perm(MANAGE_PERMISSION):
+            return None
+        return HttpResponse(f"the {MANAGE_PERMISSION} permission is required\n", status=403,
+                            content_type="text/plain")
+    refused = HttpResponse("send Authorization: Bearer <JOBS METRICS_TOKEN>, or log in\n",
+                           status=401, content_type="text/plain")
+    refused["WWW-Authenticate"] = 'Bearer realm="jobs-engine metrics"'
+    return refused
 
 
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Prometheus scrape endpoint (no auth: it shows counts, never payloads; keep it on
-    an internal network)."""
+    """Prometheus scrape endpoint (see the module docstring for who may read it)."""
+    refused = _refusal(request)
+    if refused is not None:
+        return refused
+    try:
+        from prometheus_client import CONTENT_TYPE_LATEST
+    except ImportError:
+        return HttpResponse(MISSING_EXTRA, status=501, content_type="text/plain")
     return HttpResponse(render(), content_type=CONTENT_TYPE_LATEST)

@@ -11,6 +11,9 @@ from django.db.models import Q
 
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 
+# The engine's permission: operators who hold it see and act on jobs and schedules.
+MANAGE_PERMISSION = "jobs_engine.manage_jobs"
+
 PENDING = Q(status=JobStatus.PENDING)
 RUNNING = Q(status=JobStatus.RUNNING)
 

@@ -16,12 +16,12 @@ import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cache
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
-from psycopg.types.datetime import TimestamptzLoader
 
 from jobs_engine.models import Job, JobStat, Partition, TargetPause, VersionCounter, Worker
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
@@ -153,6 +153,14 @@ def _values(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
     return f"VALUES {', '.join([row] * len(rows))}", [value for r in rows for value in r]
 
 
+@cache
+def _timestamptz_loader() -> type:
+    # psycopg is imported only on PostgreSQL: a SQLite-only project need not install it.
+    from psycopg.types.datetime import TimestamptzLoader
+
+    return TimestamptzLoader
+
+
 def _fetch(sql: str, params: Sequence[Any] = (), using: str | None = None
            ) -> list[tuple[Any, ...]]:
     conn = _conn(using)
@@ -161,7 +169,7 @@ def _fetch(sql: str, params: Sequence[Any] = (), using: str | None = None
             # The driver's own timestamptz loader: Django's wrapper re-sets the time zone of
             # every value in Python, a third of the fast lane's row decoding. The driver's
             # values are aware, in the session time zone Django sets: the same instants.
-            cursor.cursor.adapters.register_loader("timestamptz", TimestamptzLoader)
+            cursor.cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
 

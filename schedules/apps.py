@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+from importlib.util import find_spec
 from typing import Any
 
 from django.apps import AppConfig
@@ -23,10 +24,12 @@ class SchedulesConfig(AppConfig):
         # The engine imports no schedules code: workers that run the schedules lane
         # (tick_schedules, run_workers) get the tick from this hook.
         register_service(SCHEDULES, worker_service)
-        # Likewise the API: the schedules routes join the engine's NinjaAPI from here.
-        from schedules.api import attach
+        # Likewise the API (the ``api`` extra): the schedules routes join the engine's
+        # NinjaAPI from here.
+        if find_spec("ninja") is not None:
+            from schedules.api import attach
 
-        attach()
+            attach()
         post_migrate.connect(sync_after_migrate, sender=self,
                              dispatch_uid="schedules.sync_after_migrate")
 

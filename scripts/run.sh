@@ -17,6 +17,7 @@ unset DATABASE_URL   # the demo is always the embedded SQLite database
 PORT="${PORT:-8000}"
 
 PY="$(bash "$ROOT/scripts/bootstrap.sh" | tail -n1)"
+export DJANGO_DEBUG="${DJANGO_DEBUG:-1}"   # a local run: debug pages, the development key
 "$PY" manage.py migrate --noinput
 "$PY" manage.py demo_admin
 

@@ -21,7 +21,7 @@ from tests.helpers import race
 
 pytestmark = pytest.mark.django_db
 
-JOBS = "/api/v1/jobs"
+JOBS = "/jobs/api/v1/jobs"
 
 
 @pytest.fixture
@@ -80,7 +80,7 @@ def test_post_without_the_csrf_token_is_refused_and_changes_nothing(targets: Any
     assert_error(strict.post(f"{JOBS}/{job.id}/retry"), 403, "csrf_failed")
     assert Job.objects.get(id=job.id).status == JobStatus.DEAD
 
-    strict.get("/api/v1/docs")  # any page with a form sets the csrftoken cookie
+    strict.get("/jobs/api/v1/docs")  # any page with a form sets the csrftoken cookie
     token = strict.cookies["csrftoken"].value
     response = strict.post(f"{JOBS}/{job.id}/retry", headers={"X-CSRFToken": token})
     assert response.status_code == 200, response.content
@@ -193,7 +193,7 @@ def test_unknown_or_malformed_ids_are_404(client: Client, job_id: str) -> None:
 
 
 def test_unknown_routes_and_methods_never_500(client: Client) -> None:
-    assert_error(client.get("/api/v1/nothing"), 404, "not_found")
+    assert_error(client.get("/jobs/api/v1/nothing"), 404, "not_found")
     assert_error(client.get(f"{JOBS}/1/2/3"), 404, "not_found")
     assert client.get(f"{JOBS}/1/retry").status_code == 405
     assert client.delete(f"{JOBS}/1").status_code == 405
@@ -336,11 +336,12 @@ def test_two_concurrent_retries_one_200_one_409(targets: Any) -> None:
 
 def test_openapi_docs_and_schema() -> None:
     anonymous = Client()
-    docs = anonymous.get("/api/v1/docs")
+    docs = anonymous.get("/jobs/api/v1/docs")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
-    schema = anonymous.get("/api/v1/openapi.json").json()
+    schema = anonymous.get("/jobs/api/v1/openapi.json").json()
     paths = schema["paths"]
-    assert set(paths) >= {"/api/v1/jobs", "/api/v1/jobs/{job_id}", "/api/v1/jobs/{job_id}/retry",
-                          "/api/v1/jobs/{job_id}/skip", "/api/v1/jobs/{job_id}/cancel"}
-    assert set(paths["/api/v1/jobs/{job_id}/retry"]["post"]["responses"]) >= {
+    assert set(paths) >= {"/jobs/api/v1/jobs", "/jobs/api/v1/jobs/{job_id}",
+                          "/jobs/api/v1/jobs/{job_id}/retry", "/jobs/api/v1/jobs/{job_id}/skip",
+                          "/jobs/api/v1/jobs/{job_id}/cancel"}
+    assert set(paths["/jobs/api/v1/jobs/{job_id}/retry"]["post"]["responses"]) >= {
         "200", "401", "403", "404", "409"}

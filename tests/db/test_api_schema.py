@@ -41,7 +41,7 @@ def session() -> Iterator[Session]:
     manager's session cookie with its CSRF token, as a browser sends them."""
     client = Client()
     client.force_login(manager())
-    client.get("/api/v1/docs")  # sets the csrftoken cookie
+    client.get("/jobs/api/v1/docs")  # sets the csrftoken cookie
     token = client.cookies["csrftoken"].value
     cookies = {"sessionid": client.cookies["sessionid"].value, "csrftoken": token}
     # Like Django's test client: a request must not close the connection at its end (it
@@ -69,20 +69,21 @@ def test_no_request_gets_a_server_error(targets: Any, mode: GenerationMode,
     every = set().union(*seen.values())
     assert not every & {401, 403}, seen  # the manager's session and CSRF token were used
     if mode is GenerationMode.POSITIVE:
-        assert 200 in seen["GET /api/v1/jobs"], seen
-        assert 200 in seen["GET /api/v1/schedules"], seen
-        assert 200 in seen["POST /api/v1/schedules/{code}/disable"], seen  # the real code
+        assert 200 in seen["GET /jobs/api/v1/jobs"], seen
+        assert 200 in seen["GET /jobs/api/v1/schedules"], seen
+        assert 200 in seen["POST /jobs/api/v1/schedules/{code}/disable"], seen  # the real code
     else:
-        assert 400 in seen["GET /api/v1/jobs"], seen
+        assert 400 in seen["GET /jobs/api/v1/jobs"], seen
 
-    assert set(seen) >= {"GET /api/v1/jobs", "GET /api/v1/jobs/{job_id}",
-                         "POST /api/v1/jobs/{job_id}/retry", "POST /api/v1/jobs/{job_id}/skip",
-                         "POST /api/v1/jobs/{job_id}/cancel",
-                         "POST /api/v1/schedules/{code}/enable",
-                         "POST /api/v1/schedules/{code}/disable",
-                         "POST /api/v1/schedules/{code}/run",
-                         "PUT /api/v1/schedules/{code}/cron_override",
-                         "DELETE /api/v1/schedules/{code}/cron_override"}, seen
+    assert set(seen) >= {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
+                         "POST /jobs/api/v1/jobs/{job_id}/retry",
+                         "POST /jobs/api/v1/jobs/{job_id}/skip",
+                         "POST /jobs/api/v1/jobs/{job_id}/cancel",
+                         "POST /jobs/api/v1/schedules/{code}/enable",
+                         "POST /jobs/api/v1/schedules/{code}/disable",
+                         "POST /jobs/api/v1/schedules/{code}/run",
+                         "PUT /jobs/api/v1/schedules/{code}/cron_override",
+                         "DELETE /jobs/api/v1/schedules/{code}/cron_override"}, seen
     # GET /schedules takes no parameter, so there is no invalid request of it to generate.
 
 
@@ -90,7 +91,7 @@ def run_schemathesis(mode: GenerationMode, session: Session, code: str
                      ) -> dict[str, set[int]]:
     """Call every operation with generated cases; the status codes seen per operation.
     Half the schedule cases use the real ``code`` (a generated one names no schedule)."""
-    schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", session.app)
+    schema = schemathesis.openapi.from_wsgi("/jobs/api/v1/openapi.json", session.app)
     seen: dict[str, set[int]] = {}
 
     cookies, headers = session.cookies, session.headers

@@ -25,7 +25,7 @@ from tests.db.schedule_helpers import declared_schedule, state
 
 pytestmark = pytest.mark.django_db
 
-API = "/api/v1/schedules"
+API = "/jobs/api/v1/schedules"
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
@@ -103,7 +103,7 @@ def test_unsafe_methods_need_the_csrf_token(sched: Schedule) -> None:
     assert_error(put_override(strict, sched.code, "*/5 * * * *"), 403, "csrf_failed")
     assert Schedule.objects.get(code=sched.code).enabled is True
 
-    strict.get("/api/v1/docs")  # sets the csrftoken cookie
+    strict.get("/jobs/api/v1/docs")  # sets the csrftoken cookie
     token = strict.cookies["csrftoken"].value
     response = strict.post(f"{API}/{sched.code}/disable", headers={"X-CSRFToken": token})
     assert response.status_code == 200, response.content
@@ -339,13 +339,13 @@ def test_unknown_routes_and_methods_never_500(client: Client, sched: Schedule) -
 
 
 def test_openapi_lists_the_schedule_routes() -> None:
-    paths = Client().get("/api/v1/openapi.json").json()["paths"]
-    assert set(paths["/api/v1/schedules/{code}/cron_override"]) == {"put", "delete"}
-    assert set(paths["/api/v1/schedules/{code}/cron_override"]["put"]["responses"]) >= {
+    paths = Client().get("/jobs/api/v1/openapi.json").json()["paths"]
+    assert set(paths["/jobs/api/v1/schedules/{code}/cron_override"]) == {"put", "delete"}
+    assert set(paths["/jobs/api/v1/schedules/{code}/cron_override"]["put"]["responses"]) >= {
         "200", "400", "401", "403", "404"}
     for action in ("enable", "disable", "run"):
-        assert "post" in paths[f"/api/v1/schedules/{{code}}/{action}"]
-    assert "get" in paths["/api/v1/schedules"]
+        assert "post" in paths[f"/jobs/api/v1/schedules/{{code}}/{action}"]
+    assert "get" in paths["/jobs/api/v1/schedules"]
 
 
 def test_db_clock_is_used_for_run_now(client: Client, sched: Schedule) -> None:

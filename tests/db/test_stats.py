@@ -220,11 +220,17 @@ def test_metrics_report_backlog_age_dead_and_runs(targets: Any, now: datetime) -
                                         (("outcome", "ok"), ("target", "st.m.fast")): 7}
 
 
-def test_metrics_endpoint_serves_prometheus_text(targets: Any) -> None:
+METRICS = "/jobs/metrics"
+
+
+def test_metrics_endpoint_serves_prometheus_text_to_the_token(targets: Any, settings: Any
+                                                               ) -> None:
     targets("st.m.http")
     make_job("st.m.http")
+    settings.JOBS = {"METRICS_TOKEN": "s3cret-token"}
+    scraper = Client(headers={"Authorization": "Bearer s3cret-token"})
 
-    response = Client().get("/metrics")
+    response = scraper.get(METRICS)
 
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
@@ -233,4 +239,53 @@ def test_metrics_endpoint_serves_prometheus_text(targets: Any) -> None:
     assert 'jobs_backlog{lane="fast"} 1.0' in text
     assert "# TYPE jobs_runs_total counter" in text
     assert "jobs_workers_live 0.0" in text
-    assert Client().post("/metrics").status_code == 405
+    assert scraper.post(METRICS).status_code == 405
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong-token", "Basic s3cret-token",
+                                    "Bearer ", "s3cret-token"])
+def test_metrics_refuse_anonymous_callers_without_the_token(header: str | None,
+                                                             settings: Any) -> None:
+    settings.JOBS = {"METRICS_TOKEN": "s3cret-token"}
+    client = Client(headers={"Authorization": header} if header else {})
+
+    response = client.get(METRICS)
+
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+    assert "jobs_backlog" not in response.content.decode()
+
+
+def test_metrics_are_closed_when_no_token_is_set(settings: Any) -> None:
+    settings.JOBS = {}
+
+    assert Client().get(METRICS).status_code == 401
+    assert Client(headers={"Authorization": "Bearer "}).get(METRICS).status_code == 401
+
+
+def test_metrics_open_to_users_with_the_engine_permission_only(settings: Any) -> None:
+    from django.contrib.auth.models import Permission, User
+
+    settings.JOBS = {}
+    staff = User.objects.create_user("st-staff", password="pw", is_staff=True)
+    manager = User.objects.create_user("st-manager", password="pw", is_staff=True)
+    manager.user_permissions.add(Permission.objects.get(codename="manage_jobs"))
+    as_staff, as_manager = Client(), Client()
+    as_staff.force_login(staff)
+    as_manager.force_login(manager)
+
+    assert as_staff.get(METRICS).status_code == 403
+    assert as_manager.get(METRICS).status_code == 200
+
+
+def test_metrics_without_the_extra_say_how_to_install_it(settings: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    settings.JOBS = {"METRICS_TOKEN": "t"}
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import fails
+
+    response = Client(headers={"Authorization": "Bearer t"}).get(METRICS)
+
+    assert response.status_code == 501
+    assert "pip install 'jobs-engine[metrics]'" in response.content.decode()
