@@ -3,7 +3,7 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5433/bench_jobs python bench/run.py
     python bench/run.py --only e100,e1 --rounds 1      # SQLite without DATABASE_URL
 
-Definitions follow /work/shared/BENCH.md so our numbers compare with the peers':
+Definitions follow docs/benchmarks.md#definitions so our numbers compare with the peers':
 E100, E1, D1 (clock from the first observed progress to an empty queue, polled from
 this process), L (handler start minus the moment the enqueue call returned after
 commit). Rounds are interleaved (every phase once per round) and medians reported.
@@ -67,7 +67,7 @@ EXTRA_PHASES = ("profile",)
 
 
 def payload(i: int) -> dict[str, Any]:
-    """The BENCH.md payload."""
+    """The payload of docs/benchmarks.md#definitions."""
     return {"i": i, "ts": time.time(), "msg": "hello world"}
 
 
@@ -263,8 +263,8 @@ RAW_INSERT = f"INSERT INTO {RAW_TABLE} (payload, status, created_at) VALUES (%s,
 
 @contextlib.contextmanager
 def raw_psycopg() -> Iterator[Any]:
-    """A plain psycopg connection and table: the same-session limit BENCH.md calls "raw
-    psycopg" (its bench_baseline.py), so ratios are quoted against this run's machine."""
+    """A plain psycopg connection and table: the same-session limit docs/benchmarks.md
+    calls "raw psycopg", so ratios are quoted against this run's machine."""
     import psycopg
 
     params = connection.get_connection_params()
@@ -772,7 +772,8 @@ def phase_profile(o: Options) -> Metrics:
                 leases.release_all()
                 if profiled:
                     buf = io.StringIO()
-                    stats = pstats.Stats(profiler, stream=buf)
+                    # strip_dirs: file names only, no path of the machine that ran it
+                    stats = pstats.Stats(profiler, stream=buf).strip_dirs()
                     stats.sort_stats("cumulative").print_stats(35)
                     stats.sort_stats("tottime").print_stats(25)
                     (RESULTS / f"profile_{slug}.txt").write_text(
@@ -1095,8 +1096,8 @@ def fmt(value: float, unit: str) -> str:
 
 
 def table(results: dict[str, list[float]], o: Options) -> str:
-    lines = ["| metric | ours (median) | min-max | unit | issue bar | BENCH.md target | "
-             "peers (BENCH.md) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| metric | ours (median) | min-max | unit | issue bar | docs/benchmarks.md target "
+             "| peers (docs/benchmarks.md) |", "|---|---|---|---|---|---|---|"]
     for row in rows_for(o):
         values = results.get(row.key)
         if not values:
@@ -1137,7 +1138,8 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
     ]
     if measured("d1", "kafka"):
         out.append(
-            "- D1, 1 worker: rows pre-enqueued, then the worker is spawned (BENCH.md method). "
+            "- D1, 1 worker: rows pre-enqueued, then the worker is spawned "
+            "(docs/benchmarks.md method). "
             "D1, 3 workers: the workers start first and reach their steady state (fast lane: "
             "partitions balanced, which takes up to two PARTITION_HEARTBEAT_S; long lane: all "
             "registered), then the rows are committed in one transaction. Clock: first observed "

@@ -14,8 +14,8 @@ import os
 # a key of its own.
 os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-" + "x" * 40)
 
-from config.settings import *  # noqa: E402, F403
-from config.settings import INSTALLED_APPS  # noqa: E402
+from config.settings import *  # noqa: F403
+from config.settings import INSTALLED_APPS
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.apps.BenchConfig"]
 

@@ -13,8 +13,8 @@ Read from the environment:
   ``DJANGO_HSTS_PRELOAD`` (default off), ``DJANGO_TLS_PROXY`` (trust
   ``X-Forwarded-Proto: https`` from a TLS-terminating proxy; default off).
 
-The README's "Deploying the demo" lists the values with which ``manage.py check --deploy``
-reports nothing.
+``docs/operations.md#deploying-the-demo-safely`` lists the values with which
+``manage.py check --deploy`` reports nothing.
 """
 
 from __future__ import annotations

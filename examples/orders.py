@@ -1,4 +1,5 @@
-"""Order status changes and their Kafka events, written in one transaction (seed 000 §13 A.4).
+"""Order status changes and their Kafka events, written in one transaction
+(docs/design.md#enqueue).
 
 ``create_order`` and ``update_order_status`` change the row and enqueue an
 ``order_status_changed`` event to ``kafka:<DEMO_ORDERS_TOPIC>`` inside the same

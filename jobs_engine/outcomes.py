@@ -75,7 +75,7 @@ def retry_delay_s(attempts_after: int, delays: Sequence[float]) -> float:
 
 def judge(row: store.JobRow, target: Target | None, exc: BaseException | None, now: datetime,
           settings: JobsSettings) -> Outcome:
-    """Map a handler's result to an outcome (SPEC §5 table)."""
+    """Map a handler's result to an outcome (docs/design.md#outcomes)."""
     if exc is None:
         return Outcome.succeeded()
     error = describe(exc)

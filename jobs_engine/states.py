@@ -13,7 +13,7 @@ class JobStatus(models.TextChoices):
     PENDING = "PENDING", "Pending"
     RUNNING = "RUNNING", "Running"  # long lane only; the fast lane marks its partition instead
     DEAD = "DEAD", "Dead"
-    DONE = "DONE", "Done"  # reserved for retention policies (SPEC §11)
+    DONE = "DONE", "Done"  # reserved for retention policies (docs/design.md#jobs-and-their-states)
 
 
 class Lane(models.TextChoices):

@@ -4,6 +4,7 @@ field, instead of starting a worker that fails at its first send."""
 from __future__ import annotations
 
 import logging
+from importlib.util import find_spec
 from typing import Any
 
 from django.core import checks
@@ -15,9 +16,16 @@ _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
 
 
+MISSING_EXTRA = ("kafka_target is in INSTALLED_APPS but confluent-kafka is not installed: "
+                 "pip install 'jobs-engine[kafka]'")
+
+
 def kafka_settings_problem() -> str | None:
     """Why the configured Kafka settings cannot work, or None."""
     from django.conf import settings
+
+    if find_spec("confluent_kafka") is None:
+        return MISSING_EXTRA
 
     from kafka_target.settings import parse_kafka_settings
 

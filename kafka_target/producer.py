@@ -14,9 +14,13 @@ report (success, a broker error, or ``_MSG_TIMED_OUT`` at ``message.timeout.ms``
 still open at the send deadline is purged from flight too (``_PURGE_INFLIGHT``: unknown).
 
 Between sends a daemon thread polls the client once a second, so librdkafka's log and
-error events (routed to the ``kafka_target.librdkafka`` logger) never pile up. A line the
-client repeats (a broker that is down: "Connection refused" at every reconnect, about once a
-second) is logged once per ``REPEAT_LOG_S``; the send's outcome already carries the reason.
+error events (routed to the ``kafka_target.librdkafka`` logger) never pile up. A broker that
+is down is expected (its targets pause, their rows wait; the send's outcome carries the
+reason), so the client's lines saying a broker is unreachable (connection refused, connect
+timeout, name not resolved, disconnected; librdkafka logs them at every reconnect, about once
+a second, refused and unresolved at ERROR) become one WARNING summary per broker per
+``REPEAT_LOG_S``, with the count of repeats. Any other line the client repeats keeps its level
+and is logged once per ``REPEAT_LOG_S``.
 """
 
 from __future__ import annotations
@@ -40,11 +44,23 @@ REPEAT_LOG_S = 30.0  # about one probe period (PROBE_S) of a paused target
 # The parts of a librdkafka line that change between repeats of the same event.
 _VARYING = re.compile(r"\(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)"
                       r"|#producer-\d+")
+# A broker that cannot be reached, as librdkafka 2.16 says it (after _VARYING is removed):
+# "FAIL [rdkafka] [thrd:h:p/bootstrap]: h:p/bootstrap: Connect to ipv4#h:p failed: Connection
+# refused", "...: Failed to resolve 'h:p': Name or service not known", "...: Connection setup
+# timed out in state CONNECT", "...: Disconnected: connection reset by peer". A disconnect with
+# more to say (a TLS or protocol hint in parentheses) is no outage and keeps its level.
+_UNREACHABLE = re.compile(
+    r"\]: (?P<broker>[^\s/]+)/\S*: (?:Connect to \S+ failed: (?P<connect>[^(]+?)"
+    r"|Failed to resolve '[^']*': (?P<resolve>[^(]+?)"
+    r"|(?P<other>Connection setup timed out in state \w+|Disconnected(?:: [^(]+?)?))\s*$")
 
 
 class RepeatFilter(logging.Filter):
     """Passes a librdkafka line at most once per ``interval`` seconds; the next one that
-    passes says how many repeats were dropped. Lines that differ pass at once."""
+    passes says how many repeats were dropped. Lines that differ pass at once.
+
+    A line saying a broker is unreachable becomes a summary, at most WARNING: one per broker
+    per interval whatever the reason, ``kafka: broker h:p unreachable: <reason>``."""
 
     def __init__(self, interval: float = REPEAT_LOG_S,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -57,6 +73,9 @@ class RepeatFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
         line = _VARYING.sub("", text)
+        unreachable = _UNREACHABLE.search(line)
+        if unreachable:  # one key per broker: a reason that alternates is still one outage
+            line = f"unreachable {unreachable['broker']}"
         now = self._monotonic()
         with self._lock:
             seen = self._seen.get(line)
@@ -66,9 +85,19 @@ class RepeatFilter(logging.Filter):
             if len(self._seen) > 256:  # bounded: forget old lines rather than grow
                 self._seen.clear()
             self._seen[line] = (now, 0)
-        if seen is not None and seen[1]:
+        dropped = seen[1] if seen is not None else 0
+        since = now - seen[0] if seen is not None else 0.0
+        if unreachable:
+            reason = unreachable["connect"] or unreachable["other"] or \
+                f"name not resolved ({unreachable['resolve']})"
             record.msg, record.args = (
-                f"{text} [{seen[1]} repeat(s) in the last {now - seen[0]:.0f} s not logged]", ())
+                f"kafka: broker {unreachable['broker']} unreachable: {reason}"
+                + (f" ({dropped} repeats in the last {since:.0f} s)" if dropped else ""), ())
+            if record.levelno > logging.WARNING:  # expected while a broker is down
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+        elif dropped:
+            record.msg, record.args = (
+                f"{text} [{dropped} repeat(s) in the last {since:.0f} s not logged]", ())
         return True
 
 

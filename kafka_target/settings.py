@@ -51,9 +51,10 @@ _SERVER = re.compile(
     r"(?:[A-Za-z][A-Za-z0-9_]*://)?(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
     r":(\d{1,5})")
 
-# Timeouts that keep one send well under the 30 s partition lease (SPEC §9). A message not
-# yet transmitted after QUEUE_WAIT_S is purged from the client (never sent: unreachable);
-# one in flight gets MESSAGE_TIMEOUT_MS, and nothing outlives SEND_DEADLINE_S.
+# Timeouts that keep one send well under the 30 s partition lease
+# (docs/design.md#kafka-target). A message not yet transmitted after QUEUE_WAIT_S is purged
+# from the client (never sent: unreachable); one in flight gets MESSAGE_TIMEOUT_MS, and
+# nothing outlives SEND_DEADLINE_S.
 CONNECT_TIMEOUT_MS = 3000
 REQUEST_TIMEOUT_MS = 10000
 MESSAGE_TIMEOUT_MS = 10000

@@ -1,4 +1,5 @@
-"""``kafka:<topic>`` targets: build the record, send it, classify the outcome (SPEC §9).
+"""``kafka:<topic>`` targets: build the record, send it, classify the outcome
+(docs/design.md#kafka-target).
 
 Record: key = the job's key, value = the payload's JSON text as stored (UTF-8), headers
 ``event_id`` (the job id), ``trace_id``, ``traceparent`` (W3C), then the job's own headers,

@@ -2,11 +2,15 @@
 # Create/refresh the repo's .venv (Python >= 3.12) and install jobs-engine
 # editable with its [test] extra. Quiet on success; the last line printed is
 # the venv's python, so callers can do: PY="$(scripts/bootstrap.sh | tail -n1)".
+#
+#   JOBS_VENV=.venv-django5.2 JOBS_DJANGO='Django>=5.2,<5.3' scripts/bootstrap.sh
+#       another venv, with Django pinned (CI runs the SQLite suite on 5.2 LTS too)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+VENV="$ROOT/${JOBS_VENV:-.venv}"
 VPY="$VENV/bin/python"
+DJANGO_PIN="${JOBS_DJANGO:-}"
 
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 
@@ -19,7 +23,7 @@ if ! "$VPY" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&
 fi
 
 # Reinstall only when pyproject.toml changed (its hash names the stamp).
-SHA="$(sha1sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+SHA="$( (cat "$ROOT/pyproject.toml"; echo "$DJANGO_PIN") | sha1sum | cut -d' ' -f1)"
 STAMP="$VENV/.installed-$SHA"
 # editable_mode=compat: a plain .pth pointing at the repo. The default
 # (lenient) mode snapshots the package layout at install time, so a package
@@ -27,9 +31,11 @@ STAMP="$VENV/.installed-$SHA"
 # refuses it ("has multiple filesystem locations"). compat is deprecated in
 # setuptools; fall back to the default mode once it is gone.
 if [[ ! -e "$STAMP" ]]; then
-    (cd "$ROOT" && { "$VPY" -m pip install -q -e '.[test]' \
+    PIN=()
+    [[ -n "$DJANGO_PIN" ]] && PIN=("$DJANGO_PIN")
+    (cd "$ROOT" && { "$VPY" -m pip install -q -e '.[test]' "${PIN[@]}" \
                         --config-settings editable_mode=compat 2>/dev/null \
-                     || "$VPY" -m pip install -q -e '.[test]'; })
+                     || "$VPY" -m pip install -q -e '.[test]' "${PIN[@]}"; })
     rm -f "$VENV"/.installed-*
     touch "$STAMP"
 fi

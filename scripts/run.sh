@@ -56,6 +56,22 @@ if [[ "${KAFKA:-0}" == 1 ]]; then
     bash "$ROOT/scripts/kafka.sh" topics --create --if-not-exists \
         --topic "${DEMO_ORDERS_TOPIC:-demo.orders}" --partitions 3 --replication-factor 1 >&2
     echo "run.sh: Kafka broker on $KAFKA_BOOTSTRAP_SERVERS" >&2
+else
+    # Say once, up front, why the order events will wait: the workers only log the
+    # outage as a periodic warning. Python, not /dev/tcp: a 1 s connect timeout anywhere.
+    KAFKA_SERVERS="${JOBS_KAFKA_BOOTSTRAP_SERVERS:-${KAFKA_BOOTSTRAP_SERVERS:-127.0.0.1:19092}}"
+    "$PY" -c '
+import socket, sys
+for server in sys.argv[1].split(","):
+    host, _, port = server.strip().rpartition("://")[2].rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=1).close()
+        sys.exit(0)
+    except (OSError, ValueError):
+        pass
+sys.exit(1)' "$KAFKA_SERVERS" ||
+        echo "run.sh: no Kafka broker on $KAFKA_SERVERS: the demo's order events wait," \
+             "paused, until one is up (KAFKA=1 scripts/run.sh starts one)" >&2
 fi
 
 # --noreload: one process per child, so the kill above reaches the server

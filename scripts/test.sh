@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, tests on
-# PostgreSQL (unit, db, real processes, browser), then the unit/db tests again on
-# SQLite.
+# The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the
+# portability check, tests on PostgreSQL (unit, db, real processes, Kafka, browser,
+# the host-project install), then the unit/db tests again on SQLite with the newest
+# Django and with Django 5.2 LTS.
 #
 #   scripts/test.sh [pytest args...]     (args go to both pytest runs)
 #   KEEP_PG=1 scripts/test.sh            keep a postgres we started running
@@ -54,6 +55,7 @@ step() {  # step NAME CMD...: run, record the exit code, never abort
 }
 
 step "ruff" "$PY" -m ruff check .
+step "portable" bash "$ROOT/scripts/check-portable.sh"
 
 if [[ -n "$PG_URL" ]]; then
     step "pytest (postgres)" env DATABASE_URL="$PG_URL" \
@@ -62,8 +64,17 @@ else
     NAMES+=("pytest (postgres)"); CODES+=("postgres did not start")
 fi
 
-step "pytest (sqlite)" env -u DATABASE_URL \
-    "$PY" -m pytest -p no:cacheprovider tests/unit tests/db "$@"
+step "pytest (sqlite, Django $("$PY" -c 'import django; print(django.get_version())'))" \
+    env -u DATABASE_URL "$PY" -m pytest -p no:cacheprovider tests/unit tests/db "$@"
+
+# The oldest supported Django (5.2 LTS), in a venv of its own.
+if PY52="$(JOBS_VENV=.venv-django5.2 JOBS_DJANGO='Django>=5.2,<5.3' \
+           bash "$ROOT/scripts/bootstrap.sh" | tail -n1)"; then
+    step "pytest (sqlite, Django $("$PY52" -c 'import django; print(django.get_version())'))" \
+        env -u DATABASE_URL "$PY52" -m pytest -p no:cacheprovider tests/unit tests/db "$@"
+else
+    NAMES+=("pytest (sqlite, Django 5.2)"); CODES+=("its venv could not be made")
+fi
 
 echo "=== summary"
 failed=0

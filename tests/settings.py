@@ -7,4 +7,4 @@ import os
 os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-" + "x" * 40)
 os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
 
-from config.settings import *  # noqa: E402, F403
+from config.settings import *  # noqa: F403

@@ -1,7 +1,7 @@
-"""The operators' admin in a real browser (issue 5): headless Chromium against the live
-server on PostgreSQL. A manager logs in through the login form, filters the jobs by status
-DEAD, retries one and sees it PENDING, disables a schedule and sees it marked disabled;
-each step leaves a screenshot under ``test-artifacts/browser/<test>/``.
+"""The operators' admin in a real browser (docs/operations.md#access): headless Chromium
+against the live server on PostgreSQL. A manager logs in through the login form, filters the
+jobs by status DEAD, retries one and sees it PENDING, disables a schedule and sees it marked
+disabled; each step leaves a screenshot under ``test-artifacts/browser/<test>/``.
 
 The second test renders the jobs list over the demo data (``enqueue_demo`` plus a few DEAD
 rows); its screenshot is the README's ``docs/admin-jobs.png``.

@@ -1,4 +1,4 @@
-"""The operators' Django admin (SPEC §7, seed 000 §12 G1): job list filters and exact
+"""The operators' Django admin (docs/operations.md#access): job list filters and exact
 search, the detail page, retry/skip/cancel single and bulk with refusal messages, no
 full-table count on a list page, partitions and workers, paused targets, statistics and
 the audit trail."""

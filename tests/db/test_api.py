@@ -1,4 +1,4 @@
-"""The JSON API under /api/v1/ (SPEC §7, seed 000 §4 API rows, §12 G1/G2): every jobs
+"""The JSON API under /api/v1/ (docs/operations.md#access): every jobs
 route, every error in the one error shape, bad input that changes nothing, and two
 concurrent retries with exactly one winner."""
 

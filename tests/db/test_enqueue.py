@@ -1,4 +1,4 @@
-"""SPEC §4 (enqueue), row by row, on PostgreSQL and SQLite.
+"""Enqueue (docs/design.md#enqueue), row by row, on PostgreSQL and SQLite.
 
 Rows join the caller's transaction: a rolled-back business change has no jobs and starts
 no lossy send, a duplicate never aborts the caller's transaction, bad input writes nothing.

@@ -1,4 +1,4 @@
-"""The demo business app (``examples.orders``, seed 000 §13 A.4) on PostgreSQL and SQLite.
+"""The demo business app (``examples.orders``; docs/design.md#enqueue) on PostgreSQL and SQLite.
 
 An order's status change and its Kafka event are one transaction: rollback leaves neither,
 commit leaves exactly one job with the derived dedupe key and the order's next version, a

@@ -1,5 +1,4 @@
-"""The fast lane against a real database, with an injected clock (seed 000 §11
-fast_lane.worker.spec; SPEC §5).
+"""The fast lane against a real database, with an injected clock (docs/design.md#lanes).
 
 Time never passes for real: every poll gets an explicit decision time (``t0`` and later
 times made from it), and the lane's monotonic clock is a fake that moves only when a test

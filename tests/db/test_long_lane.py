@@ -1,4 +1,4 @@
-"""The long lane against a real database (seed 000 §11 long_lane.worker.spec; SPEC §5).
+"""The long lane against a real database (docs/design.md#lanes).
 
 Lanes run with ``threads=False`` and a fake monotonic clock, and every poll gets an
 explicit decision time. "A handler runs while time passes" is played out inside the

@@ -1,6 +1,6 @@
 """Operator actions (``jobs_engine.operations``): retry, skip and cancel guarded on the
 row's state, races with exactly one winner, refusals that change nothing, and an audit
-record for every attempt (seed 000 §4 API rows, §12 G2)."""
+record for every attempt (docs/operations.md#access)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_skip_refuses_a_pending_row(targets: Any, user: User) -> None:
     assert [r.result for r in audits("skip")] == ["refused"]
 
 
-# -- cancel (G2) ---------------------------------------------------------------------------
+# -- cancel --------------------------------------------------------------------------------
 
 
 def test_cancel_removes_a_pending_row(targets: Any, user: User,

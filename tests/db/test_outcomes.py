@@ -1,4 +1,4 @@
-"""The outcome table of SPEC §5 (seed 000 §5), on both lanes: one code path decides what
+"""The outcome table (docs/design.md#outcomes), on both lanes: one code path decides what
 a handler's result does to its row.
 
 Each test runs on the fast lane and on the long lane, with a fixed decision time and a

@@ -1,5 +1,4 @@
-"""Partition leases against a real database (seed 000 §11 partition_lease.service.spec;
-SPEC §5 fast lane).
+"""Partition leases against a real database (docs/design.md#leases-and-fencing).
 
 Heartbeats get explicit decision times; the monotonic clock is a fake so lease trust is
 decided by the test. Races run in real threads on PostgreSQL; on SQLite (one worker

@@ -1,5 +1,4 @@
-"""Schedules against a real database (seed 000 §11 schedules.service.spec, §5/§6 schedule
-rows; SPEC §6; seed gaps G7, G8, G11).
+"""Schedules against a real database (docs/design.md#schedules).
 
 Every tick, sync and admin call gets an explicit decision time, and the slot runner's clock
 (``schedules.runner.clock``) is pointed at the test's clock, so "time passes" without
@@ -177,7 +176,7 @@ def test_declare_registers_a_long_lane_exclusive_target_whose_max_attempts_are_t
     target = get_target(f"schedule:{d.code}")
     assert target.lane is Lane.LONG
     assert target.exclusive is True
-    assert target.max_attempts == 4  # total runs of one slot (seed gap G7)
+    assert target.max_attempts == 4  # total runs of one slot (docs/design.md#schedules)
     assert target.delivery_mode is DeliveryMode.AT_LEAST_ONCE
     assert target.retry_delays is None  # the JOBS RETRY_DELAYS: 60, 120, ... seconds
     assert declared()[d.code].missed_slot_policy is MissedSlotPolicy.RUN_ONCE
@@ -402,7 +401,7 @@ def test_the_handler_gets_the_slot_in_the_schedule_zone_and_the_row_records_the_
     assert jobs(d.code) == []
 
 
-# -- retries inside a slot (G7: max_attempts is total runs) ------------------------------------
+# -- retries inside a slot (max_attempts is total runs) ----------------------------------------
 
 
 def test_a_failing_slot_runs_max_attempts_times_in_total_then_goes_dead(
@@ -499,7 +498,7 @@ def test_skip_after_downtime_enqueues_nothing_and_records_the_late_skip(
     assert jobs(d.code) == []
     r = row(d.code)
     assert r.next_run_at == first + 35 * MINUTE
-    assert r.last_skipped_at == first + 30 * MINUTE  # recorded, not only logged (G8)
+    assert r.last_skipped_at == first + 30 * MINUTE  # recorded, not only logged
     assert r.last_skip_reason == "late by 120s at tick (workers down?)"
     assert report.skipped == [(d.code, first + 30 * MINUTE, r.last_skip_reason)]
 
@@ -516,7 +515,7 @@ def test_skip_with_missed_slots_but_the_newest_within_grace_enqueues_the_newest(
     assert r.last_skip_reason.startswith("missed: collapsed into the newer slot")
 
 
-# -- a late first run (seed §5: "a schedule slot's first run starts more than 60 s after") ------
+# -- a late first run ("a schedule slot's first run starts more than 60 s after") ---------------
 
 
 def test_skip_policy_a_slot_held_up_by_a_long_previous_run_is_skipped_as_previous_slot_running(
@@ -802,7 +801,7 @@ def test_tick_schedules_with_workers_off_syncs_and_returns(
     assert jobs(d.code) == []
 
 
-# -- daylight saving through the tick (G11) ----------------------------------------------------
+# -- daylight saving through the tick ----------------------------------------------------------
 
 
 def tick_through(start: datetime, end: datetime, step: timedelta) -> None:

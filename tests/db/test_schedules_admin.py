@@ -1,4 +1,4 @@
-"""Schedules in the operators' Django admin (SPEC §7; issue 5): the list (cron, override,
+"""Schedules in the operators' Django admin (docs/design.md#schedules): the list (cron, override,
 zone, enabled, next run in the schedule's zone, last run, last skip with reason), actions
 enable, disable, set override (intermediate form that validates the cron; a bad one
 changes nothing), clear override and run now, each with its messages and audit records;

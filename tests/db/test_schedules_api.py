@@ -1,4 +1,4 @@
-"""The schedules routes of the JSON API (SPEC §7; issue 5): list with the next run in UTC
+"""The schedules routes of the JSON API (docs/design.md#schedules): list with the next run in UTC
 and in the schedule's zone, enable, disable, run now, set and clear the cron override;
 401/403/CSRF like the jobs routes, 404 ``not_found`` for unknown codes, 400
 ``invalid_cron`` naming the problem with nothing changed, and an audit record for every

@@ -1,6 +1,6 @@
-"""Statistics and retention (seed 000 §12 G3): hourly run counts per target and outcome
-written by the outcome path in one upsert per record() call, DEAD rows pruned after
-DEAD_TTL_DAYS by the workers, and the Prometheus ``/metrics`` endpoint."""
+"""Statistics and retention (docs/operations.md#metrics, #retention): hourly run counts per
+target and outcome written by the outcome path in one upsert per record() call, DEAD rows
+pruned after DEAD_TTL_DAYS by the workers, and the Prometheus ``/metrics`` endpoint."""
 
 from __future__ import annotations
 

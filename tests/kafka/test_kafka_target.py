@@ -1,4 +1,4 @@
-"""``kafka:<topic>`` targets against a real Apache Kafka broker (SPEC §9, seed 000 §5/§7).
+"""``kafka:<topic>`` targets against a real Apache Kafka broker (docs/design.md#kafka-target).
 
 Rows go through the real fast lane (in process, injected clock): every assertion about a
 row is about what the engine wrote after the broker's real answer, and every assertion
@@ -441,8 +441,8 @@ def test_empty_value_is_dead_at_once(kafka_targets: Any, lane_worker: Any, reade
 ])
 def test_error_classes(code: int, outcome: type[BaseException], target_up: bool | None
                        ) -> None:
-    """Every delivery error maps to one outcome class (SPEC §9); unlisted answered errors
-    take the retry path."""
+    """Every delivery error maps to one outcome class (docs/design.md#kafka-target); unlisted
+    answered errors take the retry path."""
     result = classify(KafkaError(code), "t")
     assert type(result) is outcome
     if target_up is not None:

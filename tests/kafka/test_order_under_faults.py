@@ -1,4 +1,4 @@
-"""Order and delivery under faults, end to end (issue 3 item 4, SPEC §9).
+"""Order and delivery under faults, end to end (docs/design.md#delivery-modes-and-crashes).
 
 10,000 jobs over 500 keys (250 keys to an at-most-once topic, 250 to an at-least-once
 topic, versions 1..20 per key from ``next_version`` inside the enqueuing transaction) are
@@ -74,7 +74,7 @@ _ERROR_NAME = re.compile(r"\b_?[A-Z][A-Z_]{3,}[A-Z]\b")
 
 class Enqueuer(threading.Thread):
     """Business traffic: each round enqueues the next version of every key, each version
-    taken with ``next_version`` in the same transaction as its job (seed 000 §13 A.4)."""
+    taken with ``next_version`` in the same transaction as its job (docs/design.md#enqueue)."""
 
     def __init__(self, plan: list[tuple[str, str]], rounds: int, interval: float,
                  hold_at: int) -> None:

@@ -1,5 +1,5 @@
 """Real ``tick_schedules`` / ``run_long_lane`` / ``run_workers`` processes on PostgreSQL
-(seed 000 §9 "same slot ticked by every pod"; SPEC §6).
+(the same slot ticked by every pod: docs/design.md#schedules).
 
 The processes declare the test schedule ``proc_tick`` (``tests.process.schedule_app``)
 with a seconds-field cron, so a slot comes every 2 seconds; its handler records each run

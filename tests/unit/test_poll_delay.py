@@ -1,5 +1,5 @@
 """Pure decisions of the lanes, no database: poll delays, retry delays and the mapping of
-every handler result to an outcome (SPEC §5 table)."""
+every handler result to an outcome (docs/design.md#outcomes)."""
 
 from __future__ import annotations
 

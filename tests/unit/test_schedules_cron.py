@@ -1,6 +1,6 @@
 """Cron parsing and slot times (``schedules.cron``): the accepted syntax, the refusals, and
-DST-correct slots checked against a brute-force oracle in real time zones (SPEC §6, seed 000
-gap G11)."""
+DST-correct slots checked against a brute-force oracle in real time zones
+(docs/design.md#schedules)."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_default_policy_is_skip_up_to_every_5_minutes_else_run_once(
     assert default_policy(parse_cron(cron, "UTC")) is policy
 
 
-# -- daylight saving (G11) ---------------------------------------------------------------------
+# -- daylight saving ---------------------------------------------------------------------------
 
 
 def test_spring_forward_a_daily_slot_in_the_gap_fires_once_at_the_next_valid_instant() -> None:

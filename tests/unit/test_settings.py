@@ -128,6 +128,11 @@ NONSENSE: list[tuple[str, dict[str, Any], str]] = [
     ("lease-as-none", {"PARTITION_LEASE_S": None}, "PARTITION_LEASE_S"),
     ("partitions-as-float", {"PARTITIONS": 8.5}, "PARTITIONS"),
     ("retry-delay-as-text", {"RETRY_DELAYS": [60, "2m"]}, "RETRY_DELAYS"),
+    ("retry-delays-as-number", {"RETRY_DELAYS": 60}, "RETRY_DELAYS"),
+    ("workers-as-number", {"WORKERS": 5}, "WORKERS"),
+    ("notify-as-text", {"NOTIFY": "sometimes"}, "NOTIFY"),
+    ("metrics-token-as-number", {"METRICS_TOKEN": 1234}, "METRICS_TOKEN"),
+    ("kafka-as-list", {"KAFKA": ["broker:9092"]}, "KAFKA"),
 ]
 
 
@@ -139,6 +144,37 @@ def test_nonsense_settings_are_a_check_error_naming_the_field(
     assert errors, f"no error for {jobs}"
     assert all(isinstance(e, checks.Error) for e in errors)
     assert any(field in e.msg for e in errors), [e.msg for e in errors]
+
+
+def test_jobs_that_is_not_a_dict_is_a_check_error(settings: Any) -> None:
+    errors = run_check(settings, [("PARTITIONS", 8)])  # type: ignore[arg-type]
+    assert [e.id for e in errors] == ["jobs_engine.E001"]
+    assert "JOBS must be a dict" in errors[0].msg
+
+
+def test_kafka_settings_without_the_kafka_app_are_a_check_warning(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.apps import apps
+
+    installed = apps.is_installed
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "kafka_target"
+                        and installed(name))
+    warnings = run_check(settings, {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:9092"}})
+    assert [w.id for w in warnings] == ["jobs_engine.W001"]
+    assert "kafka_target" in warnings[0].msg
+    monkeypatch.setattr(apps, "is_installed", installed)
+    assert run_check(settings, {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:9092"}}) == []
+
+
+def test_kafka_app_without_confluent_kafka_is_a_check_error_saying_what_to_install(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kafka_target import checks as kafka_checks
+
+    monkeypatch.setattr(kafka_checks, "find_spec",
+                        lambda name: None if name == "confluent_kafka" else object())
+    errors = kafka_checks.check_kafka_settings()
+    assert [e.id for e in errors] == ["kafka_target.E001"]
+    assert "pip install 'jobs-engine[kafka]'" in errors[0].msg
 
 
 def test_sane_settings_pass_the_check(settings: Any) -> None:
