@@ -200,7 +200,12 @@ def _job_row(row: Sequence[Any], claim_token: str | None = None) -> JobRow:
 
 
 def cut_error(text: str) -> str:
-    return text[:LAST_ERROR_LIMIT]
+    """Error text a text column can hold on every database: cut, NUL removed (PostgreSQL
+    text refuses it) and what UTF-8 cannot encode (lone surrogates) replaced. A handler's
+    error may carry anything, e.g. a webhook's response body; if it could not be written,
+    the outcome would be lost and the row run again and again."""
+    text = text[:LAST_ERROR_LIMIT].replace("\x00", "")
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def db_now() -> datetime:

@@ -8,3 +8,9 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-" + "x" * 40)
 os.environ.setdefault("DJANGO_SECURE_SSL_REDIRECT", "0")
 
 from config.settings import *  # noqa: F403
+
+# A test database of this run's own: runs side by side on one PostgreSQL server (a developer's
+# and CI's, or several checkouts) must not drop each other's test database.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
+    DATABASES["default"]["TEST"] = {  # noqa: F405
+        "NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
