@@ -17,18 +17,23 @@ such as a Kafka topic, needs no mark statement of its own.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import groupby
 
-from jobs_engine import store
+from django.db import transaction
+
+from jobs_engine import outcomes, store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.handlers import call_batch_handler, call_handler
 from jobs_engine.leases import PartitionLeases
-from jobs_engine.outcomes import RunResult, judge, record
+from jobs_engine.outage import is_database_fault
+from jobs_engine.outcomes import RunResult, judge
 from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
@@ -55,6 +60,17 @@ def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]
     return sends
 
 
+@dataclass
+class Unwritten:
+    """A poll's results until they are written; its rows stay in the poll's in-flight
+    marks (under ``token``) until then."""
+
+    token: str
+    results: list[RunResult] = field(default_factory=list)
+    probes: frozenset[str] = frozenset()  # paused targets this poll probes
+    paused: set[str] = field(default_factory=set)  # targets a send of this poll paused
+
+
 class FastLane:
     def __init__(self, worker_id: str, settings: JobsSettings, leases: PartitionLeases,
                  pauses: PauseGate, monotonic: Callable[[], float] = time.monotonic,
@@ -66,9 +82,21 @@ class FastLane:
         self.pauses = pauses
         self._monotonic = monotonic
         self._next_backlog_walk = 0.0  # monotonic time of the next whole-backlog walk
+        # Polls whose outcomes a database fault kept from being written, by token (the main
+        # thread writes them; the heartbeat thread reads the tokens).
+        self._unwritten: dict[str, Unwritten] = {}
+        self._unwritten_lock = threading.Lock()
+        # A partition the heartbeat takes back with one of these marks is this lane's own.
+        leases.own_unwritten = self.unwritten_tokens
 
     def run_once(self, now: datetime | None = None) -> int:
-        """One poll and its sends; returns the number of rows handed to targets."""
+        """One poll and its sends; returns the number of rows handed to targets.
+
+        Outcomes a database fault kept from being written are written first; until they
+        are, nothing is polled (a poll would re-read the rows still in this worker's
+        in-flight marks, and its marks would overwrite them).
+        """
+        self.write_unwritten()
         held = self.leases.held()
         if not held:
             return 0
@@ -85,19 +113,70 @@ class FastLane:
         limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
         # A paused target's probe row may be given back: only others are marked by the read.
         markable = [t.name for t in fast if takes_whole_poll(t) and t.name not in gate.expired]
-        token = uuid.uuid4().hex  # one per poll: marks, outcomes and the final clear carry it
-        poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id, token=token,
-                                    markable=markable)
-        rows = poll.rows + self._backlog_heads(held, now, limits, poll.rows)
-        rows, _, probes = self.pauses.probe_rows(rows, gate, now)  # unsent stay PENDING
-        if not rows:
-            return 0
-        partitions = {row.partition for row in rows}
-        self.leases.busy |= partitions
+        # One token per poll: marks, outcomes and the final clear carry it. From the read on
+        # (it may mark rows), a database fault leaves the poll's outcomes to write later.
+        poll_out = Unwritten(uuid.uuid4().hex)
         try:
-            return self._send_poll(rows, poll, token, probes, clock)
-        finally:
-            self.leases.busy -= partitions
+            poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
+                                        token=poll_out.token, markable=markable)
+            rows = poll.rows + self._backlog_heads(held, now, limits, poll.rows)
+            rows, _, poll_out.probes = self.pauses.probe_rows(rows, gate, now)
+            if not rows:  # unsent rows stay PENDING
+                return 0
+            partitions = {row.partition for row in rows}
+            self.leases.busy |= partitions
+            try:
+                self._send_poll(rows, poll, poll_out, clock)
+            finally:
+                self.leases.busy -= partitions
+        except Exception as exc:
+            if is_database_fault(exc):
+                self._keep_unwritten(poll_out)
+            raise
+        self._write(poll_out, clock())
+        return len(poll_out.results)
+
+    def unwritten_tokens(self) -> frozenset[str]:
+        """Tokens of this worker's in-flight marks whose outcomes wait to be written: a
+        partition taken back with such a mark is this worker's own, not a dead one's."""
+        with self._unwritten_lock:
+            return frozenset(self._unwritten)
+
+    def write_unwritten(self, now: datetime | None = None) -> int:
+        """Write the outcomes of earlier polls that a database fault kept (and clear their
+        marks); raises on a database fault. Returns the polls written."""
+        with self._unwritten_lock:
+            pending = list(self._unwritten.values())
+        if not pending:
+            return 0
+        now = now or store.db_now()
+        for poll_out in pending:
+            self._write(poll_out, now)
+            with self._unwritten_lock:
+                self._unwritten.pop(poll_out.token, None)
+            logger.warning("outcomes of %s row(s) written after a database fault worker=%s",
+                           len(poll_out.results), self.worker_id)
+        return len(pending)
+
+    def _keep_unwritten(self, poll_out: Unwritten) -> None:
+        with self._unwritten_lock:
+            self._unwritten[poll_out.token] = poll_out
+
+    def _write(self, poll_out: Unwritten, now: datetime) -> None:
+        """Write a poll's outcomes and clear its marks in one transaction, then report."""
+        try:
+            with transaction.atomic():
+                written = outcomes.write(store.Guard(Lane.FAST, poll_out.token),
+                                         poll_out.results, now, self.settings)
+                store.partitions_clear_inflight(poll_out.token)
+        except Exception as exc:
+            if is_database_fault(exc):
+                self._keep_unwritten(poll_out)
+            raise
+        outcomes.report(poll_out.results, written, now)
+        answered = {r.row.target for r in poll_out.results} - poll_out.paused
+        for target_name in poll_out.probes & answered:
+            self.pauses.probe_answered(target_name)
 
     def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
                        rows: list[store.JobRow]) -> list[store.JobRow]:
@@ -113,17 +192,18 @@ class FastLane:
         self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
         return store.jobs_fast_due(held, now, missing, whole_backlog=True)
 
-    def _send_poll(self, rows: list[store.JobRow], poll: store.FastPoll, token: str,
-                   probes: frozenset[str], clock: Callable[[], datetime]) -> int:
+    def _send_poll(self, rows: list[store.JobRow], poll: store.FastPoll, poll_out: Unwritten,
+                   clock: Callable[[], datetime]) -> None:
+        """Hand the rows to their targets, send by send, adding each result to
+        ``poll_out`` as it comes (so a fault halfway keeps what was already sent)."""
         targets: dict[str, Target | None] = {}
         for name in {row.target for row in rows}:
             try:
                 targets[name] = get_target(name)
             except UnknownTarget:
                 targets[name] = None
+        token = poll_out.token
         inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
-        results: list[RunResult] = []
-        paused: set[str] = set()
         for send in sends_of(rows, targets):
             if send[0].target == poll.marked_target:
                 # Marked by the read: in hand already, so neither a stop request nor the
@@ -134,7 +214,7 @@ class FastLane:
                                                if row.partition not in poll.marked],
                                               inflight, token, clock))
             else:
-                if send[0].target in paused:
+                if send[0].target in poll_out.paused:
                     continue  # the rest of a paused target's rows wait; others go on
                 if self.should_stop():
                     break  # shutting down: rows not handed stay PENDING for the next owner
@@ -146,15 +226,8 @@ class FastLane:
             if not send:
                 continue
             sent = self._send(targets[send[0].target], send, clock)
-            results += sent
-            paused |= {result.row.target for result in sent if result.outcome.pause_target}
-        if results:
-            record(store.Guard(Lane.FAST, token), results, clock(), self.settings)
-            for target_name in probes & {r.row.target for r in results} - paused:
-                self.pauses.probe_answered(target_name)
-        if inflight:
-            store.partitions_clear_inflight(token)
-        return len(results)
+            poll_out.results += sent
+            poll_out.paused |= {r.row.target for r in sent if r.outcome.pause_target}
 
     def _mark_inflight(self, send: list[store.JobRow], inflight: dict[int, list[int]],
                        token: str, clock: Callable[[], datetime]) -> list[store.JobRow]:

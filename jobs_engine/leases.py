@@ -22,6 +22,7 @@ from datetime import datetime
 
 from jobs_engine import outcomes, store
 from jobs_engine.conf import JobsSettings
+from jobs_engine.outage import Outages
 
 logger = logging.getLogger("jobs_engine")
 
@@ -58,11 +59,17 @@ class PartitionLeases:
     """The partitions this worker holds, and until when it trusts each lease."""
 
     def __init__(self, worker_id: str, settings: JobsSettings, *, lanes: str = "fast",
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 outages: Outages | None = None) -> None:
         self.worker_id = worker_id
         self.settings = settings
         self.lanes = lanes
         self._monotonic = monotonic
+        self.outages = outages or Outages(worker_id, monotonic)
+        # Tokens of this worker's own in-flight marks whose outcomes wait to be written
+        # (after a database fault); a partition taken back with one is not judged. The
+        # fast lane of this worker sets it.
+        self.own_unwritten: Callable[[], frozenset[str]] = frozenset
         self._lock = threading.Lock()
         self._trusted_until: dict[int, float] = {}
         self.busy: set[int] = set()  # partitions whose rows are being sent right now
@@ -101,7 +108,7 @@ class PartitionLeases:
         settings = self.settings
         counts = HeartbeatCounts()
         store.worker_beat(self.worker_id, now, hostname=socket.gethostname(), pid=os.getpid(),
-                          lanes=self.lanes)
+                          lanes=self.lanes, outages=self.outages.record())
         held = store.partitions_renew_if_owner(self.worker_id, now, settings.PARTITION_LEASE_S)
         with self._lock:
             counts.lost = sorted(set(self._trusted_until) - set(held))
@@ -125,9 +132,15 @@ class PartitionLeases:
             taken = store.partition_take_free(self.worker_id, now, settings.PARTITION_LEASE_S)
             if taken is None:
                 break
-            closed = store.inflight_close_after_takeover(taken, now)
-            outcomes.announce_closed(closed)
-            counts.closed += len(closed)
+            if taken.inflight_token in self.own_unwritten():
+                # This worker's own mark, left by a database outage longer than the lease:
+                # the fast lane writes what happened to those rows, and clears it.
+                logger.info("partition %s taken back with this worker's own in-flight mark",
+                            taken.partition)
+            else:
+                closed = store.inflight_close_after_takeover(taken, now)
+                outcomes.announce_closed(closed)
+                counts.closed += len(closed)
             counts.taken.append(taken.partition)
             self._trust([taken.partition], started)
         counts.held = len(self.held())

@@ -22,6 +22,7 @@ from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.handlers import call_handler
+from jobs_engine.outage import Outages, backoff_s, is_database_fault
 from jobs_engine.outcomes import RunResult, announce_closed, judge, record
 from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
@@ -33,12 +34,18 @@ logger = logging.getLogger("jobs_engine")
 class LongLane:
     def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
                  threads: bool = True, monotonic: Callable[[], float] = time.monotonic,
-                 on_row_done: Callable[[], None] = lambda: None) -> None:
+                 on_row_done: Callable[[], None] = lambda: None,
+                 outages: Outages | None = None,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.worker_id = worker_id
         self.on_row_done = on_row_done  # a slot came free: the worker polls again at once
         self.settings = settings
         self.pauses = pauses
         self._monotonic = monotonic
+        self.outages = outages or Outages(worker_id, monotonic)
+        self.should_stop = should_stop
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._in_hand: dict[int, str] = {}  # job id -> claim token
         self._pool = (ThreadPoolExecutor(settings.LONG_BATCH, thread_name_prefix="long-lane")
@@ -86,8 +93,11 @@ class LongLane:
     def _run_row_in_thread(self, row: store.JobRow, probe: bool) -> None:
         try:
             self._run_row(row, None, probe)
-        except Exception:
-            logger.exception("long lane row %s failed outside its handler", row.id)
+        except Exception as exc:
+            if is_database_fault(exc):  # before the handler ran: the lease rescue reruns it
+                self.outages.failed(exc, "long lane")
+            else:
+                logger.exception("long lane row %s failed outside its handler", row.id)
         finally:
             # Each pool thread keeps its own connection; drop it if it broke.
             connection.close_if_unusable_or_obsolete()
@@ -113,13 +123,39 @@ class LongLane:
                 error = call_handler(target, row)
             duration_ms = (self._monotonic() - started_clock) * 1000
             result = RunResult(row, judge(row, target, error, clock(), self.settings), duration_ms)
-            record(store.Guard(Lane.LONG, row.claim_token), [result], clock(), self.settings)
+            self._record(row.claim_token, result, clock)
             if probe and not result.outcome.pause_target:
                 self.pauses.probe_answered(row.target)
         finally:
             with self._lock:
                 self._in_hand.pop(row.id, None)
             self.on_row_done()
+
+    def _record(self, token: str, result: RunResult, clock: Callable[[], datetime]) -> None:
+        """Write the row's outcome, again and again on a fresh connection while the
+        database is unreachable: the handler ran, and what it did must not be lost. The row
+        stays in hand meanwhile, so the heartbeat renews its lease once the database is
+        back; a rescue that presumed it DEAD is overwritten (``store.Guard``). Gives up
+        only when the worker is stopping and the lease has surely run out."""
+        stop_by = self._monotonic() + self.settings.LONG_LEASE_S
+        failures = 0
+        while True:
+            try:
+                record(store.Guard(Lane.LONG, token), [result], clock(), self.settings)
+            except Exception as exc:
+                if not is_database_fault(exc):
+                    raise
+                self.outages.failed(exc, "long-lane outcome")
+                failures += 1
+                if self.should_stop() and self._monotonic() > stop_by:
+                    logger.error("long lane gave up writing the outcome of job %s (%s) while "
+                                 "stopping: the database is still unreachable",
+                                 result.row.id, result.outcome.kind.value)
+                    return
+                self._sleep(backoff_s(failures))
+                continue
+            self.outages.succeeded()
+            return
 
     def renew(self, now: datetime | None = None) -> int:
         """Heartbeat: extend the leases of rows in hand; returns how many were renewed."""

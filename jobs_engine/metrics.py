@@ -62,6 +62,17 @@ class JobsCollector:
         live = store.workers_live(now, jobs_settings().PARTITION_LEASE_S)
         yield GaugeMetricFamily("jobs_workers_live", "Worker processes with a fresh heartbeat.",
                                 value=len(live))
+        outages = CounterMetricFamily(
+            "jobs_worker_database_outages", "Database outages a worker process rode out "
+            "(reported at its first heartbeat after each).", labels=["worker"])
+        lasted = GaugeMetricFamily("jobs_worker_last_database_outage_seconds",
+                                   "How long the last database outage of a worker lasted.",
+                                   labels=["worker"])
+        for worker_id, count, seconds in store.workers_outages():
+            outages.add_metric([worker_id], count)
+            lasted.add_metric([worker_id], seconds)
+        yield outages
+        yield lasted
         paused = GaugeMetricFamily("jobs_target_paused",
                                    "1 while a target is paused (unreachable or disabled).",
                                    labels=["target"])

@@ -101,6 +101,13 @@ class Worker(models.Model):
     hostname = models.CharField(max_length=200, blank=True, default="")
     pid = models.IntegerField(default=0)
     lanes = models.CharField(max_length=50, blank=True, default="")
+    # Database outages this process rode out (written at its first beat after each one).
+    # Database-side defaults: a worker of the previous release, still running during a
+    # rolling upgrade, inserts its row without these columns.
+    db_outages = models.IntegerField(default=0, db_default=0)
+    last_db_outage_at = models.DateTimeField(null=True, blank=True)
+    last_db_outage_s = models.FloatField(default=0.0, db_default=0.0)
+    last_db_error = models.TextField(blank=True, default="", db_default="")
 
     def __str__(self) -> str:
         return self.worker_id

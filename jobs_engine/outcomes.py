@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import NamedTuple
 
+from django.db import transaction
 from django.utils import timezone
 
 from jobs_engine import store
@@ -106,10 +107,22 @@ class RunResult(NamedTuple):
 
 def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
            settings: JobsSettings) -> list[RunResult]:
-    """Write every outcome under ``guard``; returns the results whose write matched.
+    """Write every outcome under ``guard`` in one transaction, then report them; returns
+    the results whose write matched. A database fault raises before anything is written,
+    so the caller can write the same results again once the database is back."""
+    with transaction.atomic():
+        written = write(guard, results, now, settings)
+    report(results, written, now)
+    return written
+
+
+def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
+          settings: JobsSettings) -> list[RunResult]:
+    """The outcome statements (the caller holds the transaction); returns the results
+    whose write matched.
 
     A write that matches no row means the holder lost the row (lease taken over, or an
-    admin changed it): the result is logged as ``lost`` and nothing else happens.
+    admin changed it): the result is reported as ``lost`` and nothing else happens.
     """
     written: list[RunResult] = []
     succeeded: list[RunResult] = []
@@ -142,10 +155,17 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             written.append(result)
         if outcome.pause_target:
             store.pause_set(row.target, now, settings.PROBE_S, outcome.error)
+    return written
+
+
+def report(results: Sequence[RunResult], written: Sequence[RunResult], now: datetime) -> None:
+    """After the outcomes are committed: the hourly statistics, one run log line per
+    result and the DEAD alerts."""
     count_runs(written, now)
     written_ids = {r.row.id for r in written}
     log_runs = logger.isEnabledFor(logging.INFO)  # else only the DEAD alerts: skip successes
-    for result in results if log_runs else others:
+    for result in results if log_runs else [r for r in results
+                                            if r.outcome.kind is not OutcomeKind.SUCCEEDED]:
         row, ok = result.row, result.row.id in written_ids
         if log_runs:
             attempts = row.attempts + (1 if result.outcome.spend_attempt and ok else 0)
@@ -156,7 +176,6 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             )
         if ok and result.outcome.kind is OutcomeKind.DEAD:
             announce_dead(row.id, row.target, row.code, row.dedupe_key, result.outcome.error)
-    return written
 
 
 # The outcome names of the hourly statistics (``JobStat.outcome``).

@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from jobs_engine.models import Job, JobStat, Partition, TargetPause, VersionCounter, Worker
+from jobs_engine.outage import OutageRecord
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 
 JOBS = Job._meta.db_table
@@ -332,13 +333,20 @@ def partitions_seed(count: int) -> int:
     )
 
 
-def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str) -> None:
-    """Insert or refresh this worker's liveness row."""
+def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str,
+                outages: OutageRecord | None = None) -> None:
+    """Insert or refresh this worker's liveness row, with the database outages it lived
+    through."""
+    outages = outages or OutageRecord()
     _execute(
-        f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes) "
-        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
-        "DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
-        [worker_id, _dt(now), _dt(now), hostname, pid, lanes],
+        f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes, "
+        "db_outages, last_db_outage_at, last_db_outage_s, last_db_error) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
+        "DO UPDATE SET heartbeat_at = excluded.heartbeat_at, db_outages = excluded.db_outages, "
+        "last_db_outage_at = excluded.last_db_outage_at, "
+        "last_db_outage_s = excluded.last_db_outage_s, last_db_error = excluded.last_db_error",
+        [worker_id, _dt(now), _dt(now), hostname, pid, lanes, outages.count,
+         _dt(outages.last_at), outages.last_s, cut_error(outages.last_error)],
     )
 
 
@@ -353,9 +361,10 @@ def workers_live(now: datetime, within_s: float) -> list[str]:
     return [row[0] for row in rows]
 
 
-def workers_delete_stale(now: datetime, older_than_s: float) -> int:
-    return _execute(f"DELETE FROM {WORKERS} WHERE heartbeat_at < %s",
-                    [_dt(now - timedelta(seconds=older_than_s))])
+def workers_outages() -> list[tuple[str, int, float]]:
+    """(worker id, database outages ridden out, seconds the last one lasted) per worker."""
+    return [(w, int(n), float(s)) for w, n, s in _fetch(
+        f"SELECT worker_id, db_outages, last_db_outage_s FROM {WORKERS} ORDER BY worker_id")]
 
 
 def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list[int]:
@@ -490,12 +499,14 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
     closed: list[ClosedJob] = []
     if taken.inflight_ids:
         clause, params = _in("id", taken.inflight_ids)
+        # The DEAD row keeps the previous holder's token (``Guard``): if that worker is
+        # alive after all (a database outage, a stall), its outcome write still lands.
         rows = _fetch(
-            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s "
-            f"WHERE {clause} AND status = %s AND delivery_mode = %s "
+            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
+            f"claim_token = %s WHERE {clause} AND status = %s AND delivery_mode = %s "
             "AND (outcome_token IS NULL OR outcome_token <> %s) "
             "RETURNING id, target, code, dedupe_key",
-            [_DEAD, _dt(now), reason, _dt(now), *params, _PENDING,
+            [_DEAD, _dt(now), reason, _dt(now), taken.inflight_token, *params, _PENDING,
              DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
         )
         closed = [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in rows]
@@ -659,9 +670,11 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
     """
     reason = "lease expired while running; at-most-once rows are not run twice"
     expired = _dt(now)
+    # The DEAD rows keep their claim token (``Guard``): a holder that is alive after all
+    # (a database outage longer than the lease) still writes what really happened.
     dead = _fetch(
         f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
-        "claim_token = NULL, claimed_by = NULL, lease_until = NULL, updated_at = %s "
+        "lease_until = NULL, updated_at = %s "
         "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
         "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
         [_DEAD, expired, reason, expired, _RUNNING, expired, DeliveryMode.AT_MOST_ONCE.value],
@@ -761,48 +774,57 @@ def jobs_long_renew(tokens: Sequence[str], now: datetime, lease_s: float) -> set
 class Guard:
     """What a holder's outcome write must still match.
 
-    Fast lane: the row is PENDING with the attempts it was read with, and the write is
-    stamped with the in-flight token. Long lane: the row is RUNNING under the claim token.
+    Fast lane: the row is PENDING with the attempts it was read with; the write is stamped
+    with the in-flight token. Long lane: the row is RUNNING under the claim token.
+
+    Either way a row that another worker *presumed* DEAD because its holder vanished (a
+    takeover of an at-most-once row in flight, the rescue of an expired at-most-once
+    lease) still matches: it keeps the holder's token in ``claim_token``, and the holder,
+    back after a database outage or a stall, writes what really happened. A delivered row
+    is then recorded as delivered, never left DEAD.
     """
 
     lane: Lane
     token: str
 
-    def where(self, attempts: int) -> tuple[str, list[Any]]:
-        if self.lane is Lane.FAST:
-            return "status = %s AND attempts = %s", [_PENDING, attempts]
-        return "status = %s AND claim_token = %s", [_RUNNING, self.token]
+    def match(self, rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+        """SQL true for the ``(id, attempts read)`` rows this holder may still write."""
+        ids, id_params = _in("id", [job_id for job_id, _ in rows])
+        if self.lane is Lane.LONG:
+            return (f"{ids} AND status IN (%s, %s) AND claim_token = %s",
+                    [*id_params, _RUNNING, _DEAD, self.token])
+        if len({attempts for _, attempts in rows}) == 1:
+            read, read_params = "attempts = %s", [rows[0][1]]
+        else:
+            read, read_params = _id_attempts_in(rows)
+        return (f"{ids} AND ((status = %s AND {read}) OR (status = %s AND claim_token = %s))",
+                [*id_params, _PENDING, *read_params, _DEAD, self.token])
 
     def sets(self) -> tuple[str, list[Any]]:
         if self.lane is Lane.FAST:
-            return "outcome_token = %s", [self.token]
+            return "outcome_token = %s, claim_token = NULL", [self.token]
         return ("claim_token = NULL, claimed_by = NULL, lease_until = NULL, running_code = NULL, "
                 "started_at = NULL", [])
 
 
 def jobs_delete_succeeded(guard: Guard, rows: Sequence[tuple[int, int]]) -> int:
-    """Delete rows whose handler returned; ``rows`` are (id, attempts read)."""
+    """Delete rows whose handler returned (one statement for a whole send); ``rows`` are
+    (id, attempts read)."""
     if not rows:
         return 0
-    if guard.lane is Lane.FAST:
-        # One statement for the whole send: the per-row attempts guard becomes a row-value IN.
-        read, params = _id_attempts_in(rows)
-        return _execute(f"DELETE FROM {JOBS} WHERE status = %s AND {read}",
-                        [_PENDING, *params])
-    clause, params = _in("id", [job_id for job_id, _ in rows])
-    return _execute(f"DELETE FROM {JOBS} WHERE {clause} AND status = %s AND claim_token = %s",
-                    [*params, _RUNNING, guard.token])
+    where, params = guard.match(rows)
+    return _execute(f"DELETE FROM {JOBS} WHERE {where}", params)
 
 
 def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,
                     now: datetime) -> bool:
     """An answered failure: one more attempt spent, run again at ``run_at``."""
-    where, where_params = guard.where(attempts)
+    where, where_params = guard.match([(job_id, attempts)])
     sets, set_params = guard.sets()
     return _execute(
         f"UPDATE {JOBS} SET status = %s, attempts = attempts + 1, next_run_at = %s, "
-        f"last_error = %s, updated_at = %s, {sets} WHERE id = %s AND {where}",
-        [_PENDING, _dt(run_at), cut_error(error), _dt(now), *set_params, job_id, *where_params],
+        f"last_error = %s, closed_at = NULL, updated_at = %s, {sets} WHERE {where}",
+        [_PENDING, _dt(run_at), cut_error(error), _dt(now), *set_params, *where_params],
     ) == 1
 
 
@@ -810,26 +832,26 @@ def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str |
                           now: datetime) -> bool:
     """Not sent (target unreachable, or not this worker's probe): no attempt spent; the
     long lane gives the claim back. ``error=None`` keeps the row's last error."""
-    where, where_params = guard.where(attempts)
+    where, where_params = guard.match([(job_id, attempts)])
     sets, set_params = guard.sets()
     error_sql, error_params = ("last_error = %s, ", [cut_error(error)]) if error is not None \
         else ("", [])
     return _execute(
-        f"UPDATE {JOBS} SET status = %s, {error_sql}updated_at = %s, {sets} "
-        f"WHERE id = %s AND {where}",
-        [_PENDING, *error_params, _dt(now), *set_params, job_id, *where_params],
+        f"UPDATE {JOBS} SET status = %s, {error_sql}closed_at = NULL, updated_at = %s, {sets} "
+        f"WHERE {where}",
+        [_PENDING, *error_params, _dt(now), *set_params, *where_params],
     ) == 1
 
 
 def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: datetime, *,
                    spend_attempt: bool) -> bool:
-    where, where_params = guard.where(attempts)
+    where, where_params = guard.match([(job_id, attempts)])
     sets, set_params = guard.sets()
     spent = "attempts = attempts + 1, " if spend_attempt else ""
     return _execute(
         f"UPDATE {JOBS} SET status = %s, {spent}closed_at = %s, last_error = %s, updated_at = %s, "
-        f"{sets} WHERE id = %s AND {where}",
-        [_DEAD, _dt(now), cut_error(error), _dt(now), *set_params, job_id, *where_params],
+        f"{sets} WHERE {where}",
+        [_DEAD, _dt(now), cut_error(error), _dt(now), *set_params, *where_params],
     ) == 1
 
 

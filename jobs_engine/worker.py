@@ -21,13 +21,15 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
+from jobs_engine.errors import JobsEngineError
 from jobs_engine.fast_lane import FastLane
 from jobs_engine.leases import PartitionLeases, new_worker_id
 from jobs_engine.long_lane import LongLane
+from jobs_engine.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.pauses import PauseGate
 from jobs_engine.retention import DeadPruner
 
@@ -50,6 +52,12 @@ _service_factories: dict[str, ServiceFactory] = {}
 # ~15 % faster without it). So: fewer gen-0 runs, and the objects that live as long as the
 # process (modules, settings, registry) frozen out of every scan.
 GC_GEN0_THRESHOLD = 10_000
+
+# The LISTEN connection after an outage: a connect attempt waits at most this long, and
+# the attempts back off from 1 s to 30 s.
+LISTEN_CONNECT_TIMEOUT_S = 3
+LISTEN_RETRY_FIRST_S = 1.0
+LISTEN_RETRY_MAX_S = 30.0
 
 
 def tune_garbage_collector() -> None:
@@ -75,22 +83,59 @@ def next_poll_delay(handled: int, idle_polls: int, settings: JobsSettings) -> fl
 class Wakeup:
     """Sleeps until the next poll, woken early by a NOTIFY (PostgreSQL), a poke (a
     long-lane slot came free) or a stop request. A self-pipe makes pokes and signals
-    interrupt the wait at once."""
+    interrupt the wait at once.
 
-    def __init__(self, listen: bool) -> None:
+    The LISTEN connection is one more connection a database outage breaks: then the wait
+    falls back to the poll delays, and the connection is made again with backoff.
+    """
+
+    def __init__(self, listen: bool, outages: Outages | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self._stop = threading.Event()
         self._read_fd, self._write_fd = os.pipe()
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
+        self._listen = listen and store.is_postgres()
+        self._outages = outages
+        self._monotonic = monotonic
         self._listener: Any = None
-        if listen and store.is_postgres():
-            import psycopg
+        self._listen_failures = 0
+        self._listen_again_at = 0.0
+        if self._listen:
+            self._connect_listener()
 
-            params = connection.get_connection_params()
-            params.pop("cursor_factory", None)
-            params.pop("context", None)
-            self._listener = psycopg.connect(**params, autocommit=True)
-            self._listener.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+    def _connect_listener(self) -> None:
+        import psycopg
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.setdefault("connect_timeout", LISTEN_CONNECT_TIMEOUT_S)
+        listener = psycopg.connect(**params, autocommit=True)
+        listener.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
+        self._listener = listener
+        self._listen_failures = 0
+
+    def _listener_failed(self, exc: BaseException) -> None:
+        if self._outages is not None:
+            self._outages.failed(exc, "listen")
+        with contextlib.suppress(Exception):
+            self._listener.close()
+        self._listener = None
+        self._listen_failures += 1
+        self._listen_again_at = self._monotonic() + min(
+            LISTEN_RETRY_FIRST_S * 2 ** (self._listen_failures - 1), LISTEN_RETRY_MAX_S)
+
+    def _listening(self) -> Any:
+        """The LISTEN connection, made again when it broke and its backoff is over."""
+        if self._listen and self._listener is None and self._monotonic() >= self._listen_again_at:
+            try:
+                self._connect_listener()
+            except Exception as exc:
+                if not is_database_fault(exc):
+                    raise
+                self._listener_failed(exc)
+        return self._listener
 
     def poke(self) -> None:
         # A full pipe already means "wake up"; a closed one, shutting down.
@@ -108,23 +153,35 @@ class Wakeup:
     def wait(self, seconds: float) -> None:
         if seconds <= 0 or self._stop.is_set():
             return
+        listener = self._listening()
         fds = [self._read_fd]
-        if self._listener is not None:
-            fds.append(self._listener.fileno())
+        if listener is not None:
+            fds.append(listener.fileno())
         ready, _, _ = select.select(fds, [], [], seconds)
         if self._read_fd in ready:
             with contextlib.suppress(BlockingIOError):
                 while os.read(self._read_fd, 4096):
                     pass
-        if self._listener is not None and self._listener.fileno() in ready:
-            for _ in self._listener.notifies(timeout=0):
-                pass
+        if listener is not None and listener.fileno() in ready:
+            try:
+                for _ in listener.notifies(timeout=0):
+                    pass
+            except Exception as exc:
+                if not is_database_fault(exc):
+                    raise
+                self._listener_failed(exc)
 
     def close(self) -> None:
         if self._listener is not None:
-            self._listener.close()
+            with contextlib.suppress(Exception):
+                self._listener.close()
         os.close(self._read_fd)
         os.close(self._write_fd)
+
+
+class WorkerUnableToStart(JobsEngineError):
+    """The database cannot be reached or is not migrated when the worker starts: one clear
+    line and a non-zero exit, rather than a worker that looks alive and does nothing."""
 
 
 class WorkerProcess:
@@ -132,12 +189,15 @@ class WorkerProcess:
         self.settings = settings or jobs_settings()
         self.lanes = lanes
         self.worker_id = new_worker_id()
+        self.outages = Outages(self.worker_id)
         self.pauses = PauseGate(self.worker_id, self.settings)
-        self.leases = PartitionLeases(self.worker_id, self.settings, lanes=",".join(sorted(lanes)))
+        self.leases = PartitionLeases(self.worker_id, self.settings, lanes=",".join(sorted(lanes)),
+                                      outages=self.outages)
         self.fast = FastLane(self.worker_id, self.settings, self.leases, self.pauses,
-                             should_stop=lambda: self.wakeup is not None and self.wakeup.stopping)
-        self.long = (LongLane(self.worker_id, self.settings, self.pauses,
-                              on_row_done=self._poke) if LONG in lanes else None)
+                             should_stop=self._stopping)
+        self.long = (LongLane(self.worker_id, self.settings, self.pauses, on_row_done=self._poke,
+                              outages=self.outages, should_stop=self._stopping)
+                     if LONG in lanes else None)
         self.services: list[Callable[[], float]] = []  # extra loops (schedules) -> next delay
         for lane in sorted(lanes - {FAST, LONG}):
             if lane in _service_factories:
@@ -153,6 +213,9 @@ class WorkerProcess:
         if self.wakeup is not None:
             self.wakeup.poke()
 
+    def _stopping(self) -> bool:
+        return self.wakeup is not None and self.wakeup.stopping
+
     # -- lifecycle ------------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
@@ -165,11 +228,28 @@ class WorkerProcess:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
+    def start(self) -> None:
+        """Reach the database, check its schema, seed the partitions and beat once; a
+        database that cannot be reached or is not migrated raises ``WorkerUnableToStart``."""
+        try:
+            unapplied = unapplied_migrations()
+            if unapplied:
+                raise WorkerUnableToStart(
+                    f"the database is not migrated ({len(unapplied)} migration(s) not applied, "
+                    f"first {unapplied[0]}): run manage.py migrate first")
+            self.wakeup = Wakeup(self.settings.NOTIFY, self.outages)
+            store.partitions_seed(self.settings.PARTITIONS)
+            self._beat()
+        except Exception as exc:
+            if not is_database_fault(exc):
+                raise
+            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise WorkerUnableToStart(f"cannot reach the database: {first_line}") from None
+
     def run(self) -> None:
-        self.wakeup = Wakeup(self.settings.NOTIFY)
+        if self.wakeup is None:
+            self.start()
         self.install_signal_handlers()
-        store.partitions_seed(self.settings.PARTITIONS)
-        self._beat()
         tune_garbage_collector()
         beat = threading.Thread(target=self._heartbeat_loop, name="jobs-heartbeat", daemon=True)
         beat.start()
@@ -182,39 +262,54 @@ class WorkerProcess:
     def _loop(self) -> None:
         assert self.wakeup is not None
         idle = 0
+        failures = 0  # database faults in a row: the loop backs off while they last
         while not self.wakeup.stopping:
             delays = []
             handled_total = 0
+            faulted = False
             if time.monotonic() < self._heartbeat_ok_until:
-                if FAST in self.lanes:
-                    handled = self._guarded(self.fast.run_once)
-                    handled_total += handled
-                    delays.append(next_poll_delay(handled, idle, self.settings))
-                if self.long is not None:
-                    handled = self._guarded(self.long.run_once)
-                    handled_total += handled
-                    delays.append(next_poll_delay(handled, idle, self.settings))
+                for lane, run_once in ((FAST, self.fast.run_once), (LONG, self._run_long)):
+                    if lane not in self.lanes:
+                        continue
+                    handled = self._guarded(run_once, f"{lane} lane")
+                    faulted |= handled is None
+                    handled_total += handled or 0
+                    delays.append(next_poll_delay(handled or 0, idle, self.settings))
             for service in self.services:
                 delays.append(self._guarded_delay(service))
             idle = 0 if handled_total else idle + 1
-            self.wakeup.wait(min(delays) if delays else self.settings.POLL_S)
+            failures = failures + 1 if faulted else 0
+            wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)
+            self.wakeup.wait(wait)
 
-    def _guarded(self, step: Callable[[], int]) -> int:
+    def _run_long(self) -> int:
+        assert self.long is not None
+        return self.long.run_once()
+
+    def _guarded(self, step: Callable[[], int], where: str) -> int | None:
+        """Run one poll; a database fault is an outage to ride out (None), anything else a
+        bug to report in full (0). Neither kills the worker."""
         try:
-            return step()
-        except Exception:
-            # A lost database connection must not kill the worker: log, reconnect, go on.
-            logger.exception("worker %s poll failed", self.worker_id)
-            close_old_connections()
-            connection.close()
+            handled = step()
+        except Exception as exc:
+            if is_database_fault(exc):
+                self.outages.failed(exc, where)
+                return None
+            logger.exception("worker %s %s poll failed", self.worker_id, where)
+            close_quietly()
             return 0
+        self.outages.succeeded()
+        return handled
 
     def _guarded_delay(self, service: Callable[[], float]) -> float:
         try:
             return service()
-        except Exception:
-            logger.exception("worker %s service failed", self.worker_id)
-            connection.close()
+        except Exception as exc:
+            if is_database_fault(exc):
+                self.outages.failed(exc, "service")
+            else:
+                logger.exception("worker %s service failed", self.worker_id)
+                close_quietly()
             return self.settings.POLL_S
 
     # -- heartbeat --------------------------------------------------------------------------
@@ -226,7 +321,7 @@ class WorkerProcess:
             self.leases.heartbeat(now)
         else:
             store.worker_beat(self.worker_id, now, hostname=socket.gethostname(), pid=os.getpid(),
-                              lanes=self.leases.lanes)
+                              lanes=self.leases.lanes, outages=self.outages.record())
         if self.long is not None:
             self.long.renew(now)
         # Self-fencing: take new work only while the last beat is fresh.
@@ -238,22 +333,56 @@ class WorkerProcess:
         while not self._stop_beats.wait(interval):
             try:
                 self._beat()
-                self.pruner.maybe_run()
-            except Exception:
-                logger.exception("worker %s heartbeat failed", self.worker_id)
-                connection.close()
-        connection.close()
+            except Exception as exc:
+                if is_database_fault(exc):
+                    self.outages.failed(exc, "heartbeat")
+                else:
+                    logger.exception("worker %s heartbeat failed", self.worker_id)
+                    close_quietly()
+                continue
+            self.outages.succeeded()
+            self.pruner.maybe_run()
+        close_quietly()
 
     def _shutdown(self, beat: threading.Thread) -> None:
         # The heartbeat keeps renewing claims while the long-lane rows in hand finish.
         if self.long is not None:
             self.long.shutdown(wait=True)
+        self._write_unwritten_before_exit()
         self._stop_beats.set()
         beat.join()
         try:
             self.leases.release_all()
-        except Exception:
-            logger.exception("worker %s could not release its partitions", self.worker_id)
+        except Exception as exc:
+            logger.error("worker %s could not release its partitions (%s); their leases run "
+                         "out", self.worker_id, exc)
         if self.wakeup is not None:
             self.wakeup.close()
         logger.info("worker %s stopped", self.worker_id)
+
+    def _write_unwritten_before_exit(self) -> None:
+        """Outcomes a database fault kept are written before the partitions are given
+        back; while the leases last (after that a new owner judges the marks)."""
+        give_up_at = time.monotonic() + self.settings.PARTITION_LEASE_S
+        failures = 0
+        while self.fast.unwritten_tokens():
+            try:
+                self.fast.write_unwritten()
+            except Exception as exc:
+                if not is_database_fault(exc) or time.monotonic() > give_up_at:
+                    logger.error("worker %s exits with outcomes of %s poll(s) unwritten: %s",
+                                 self.worker_id, len(self.fast.unwritten_tokens()), exc)
+                    return
+                self.outages.failed(exc, "shutdown")
+                failures += 1
+                time.sleep(backoff_s(failures))
+
+
+def unapplied_migrations() -> list[str]:
+    """The engine's migrations (and every other app's) not applied to the database."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]

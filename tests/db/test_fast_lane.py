@@ -712,32 +712,27 @@ def test_takeover_judges_the_row_in_flight(targets: Any, t0: datetime, mode: Del
 
 def test_outcome_written_under_the_inflight_token_stays_as_written(
         targets: Any, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
-    """A crashes after writing its outcomes but before clearing the in-flight mark (here:
-    inside the job_dead signal). B's takeover leaves the written rows alone."""
-    behaviour: dict[str, BaseException] = {}
+    """A's outcomes are written under its token but its mark is still there (a crash
+    between the two in an engine that did not write them together): B's takeover leaves
+    the written rows alone and clears the mark."""
+    from jobs_engine import outcomes
+    from jobs_engine.outcomes import Outcome, RunResult
 
-    def handler(job: Job) -> None:
-        raise behaviour[job.dedupe_key]
-
-    crashed: list[int] = []
-
-    def crash_once(sender: Any, **kwargs: Any) -> None:
-        if not crashed:
-            crashed.append(kwargs["job_id"])
-            raise Crash
-
-    targets("fl.written", handler=handler)
+    targets("fl.written")
     keys = keys_in({30}, 2, "written")
     retried = put("fl.written", t0, key=keys[0], dedupe_key="retried")
     closed = put("fl.written", t0, key=keys[1], dedupe_key="closed")
-    behaviour.update(retried=ValueError("answered"), closed=DeadNow("invalid"))
-    job_dead.connect(crash_once, weak=False, dispatch_uid="crash_once")
-    try:
-        with pytest.raises(Crash):
-            make_worker("A").run(t0)
-    finally:
-        job_dead.disconnect(dispatch_uid="crash_once")
-    assert sorted(Partition.objects.get(partition=30).inflight_ids) == sorted([retried, closed])
+    a = make_worker("A")
+    a.leases.heartbeat(t0)
+    rows = {r.id: r for r in store.jobs_fast_due(a.leases.held(), t0, {"fl.written": 10})}
+    token = "a-token"
+    assert store.partitions_mark_inflight_if_leased(
+        a.leases.worker_id, t0, {30: [retried, closed]}, token,
+        [(30, retried, 0), (30, closed, 0)]) == {30}
+    outcomes.write(store.Guard(Lane.FAST, token), [
+        RunResult(rows[retried], Outcome.retry(t0 + 60 * SECOND, "answered"), 1.0),
+        RunResult(rows[closed], Outcome.dead("DeadNow: invalid"), 1.0)], t0, conf.jobs_settings())
+
     later = t0 + 31 * SECOND
     make_worker("B").leases.heartbeat(later)
     kept = row(retried)
@@ -745,8 +740,27 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
         JobStatus.PENDING, 1, t0 + 60 * SECOND)
     assert row(closed).last_error == "DeadNow: invalid"
     assert Partition.objects.get(partition=30).inflight_ids == []
-    assert crashed == [closed]
-    assert [s["job_id"] for s in dead_signals] == [closed]  # none from the takeover
+    assert dead_signals == []  # none from the takeover
+
+
+def test_outcomes_and_the_mark_clear_commit_together(targets: Any, t0: datetime,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure while clearing the marks rolls the outcomes back too: the poll's rows
+    are either in flight with no outcome (judged by delivery mode on takeover) or written
+    and unmarked, never written and still marked."""
+    calls: list[Job] = []
+    targets("fl.atomic", handler=raising(ValueError("answered"), calls))
+    job_id = put("fl.atomic", t0, key=keys_in({31}, 1, "atomic")[0])
+
+    def failing_clear(token: str) -> None:
+        raise RuntimeError("clear failed")
+
+    monkeypatch.setattr(store, "partitions_clear_inflight", failing_clear)
+    with pytest.raises(RuntimeError):
+        make_worker("A").run(t0)
+    assert len(calls) == 1
+    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
+    assert Partition.objects.get(partition=31).inflight_ids == [job_id]
 
 
 # -- rows closed mid-batch, stop requests ---------------------------------------------------

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from jobs_engine.conf import jobs_settings
-from jobs_engine.worker import WorkerProcess
+from jobs_engine.worker import WorkerProcess, WorkerUnableToStart
 
 
 def run_lanes(command: BaseCommand, lanes: set[str]) -> None:
@@ -13,6 +13,10 @@ def run_lanes(command: BaseCommand, lanes: set[str]) -> None:
         command.stdout.write("JOBS_WORKERS=off: this process only enqueues; no lane runs.")
         return
     worker = WorkerProcess(lanes)
+    try:
+        worker.start()
+    except WorkerUnableToStart as exc:  # one line and exit 1, not a traceback
+        raise CommandError(f"worker {worker.worker_id} cannot start: {exc}") from None
     command.stdout.write(f"worker {worker.worker_id} running {', '.join(sorted(lanes))}")
     command.stdout.flush()
     worker.run()
