@@ -6,6 +6,7 @@ sees the job's own trace id, so a chain of side effects shares one trace.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -41,12 +42,18 @@ def job_context(trace_id: str | None, actor: dict[str, Any] | None = None) -> It
         _actor.reset(actor_token)
 
 
+# What a request may name as its trace id: anything else (a NUL, text no column can hold,
+# an endless value) gets a fresh one.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
 def _trace_from_request(request: HttpRequest) -> str:
     traceparent = request.headers.get("traceparent", "")
     parts = traceparent.split("-")
-    if len(parts) == 4 and len(parts[1]) == 32:
+    if len(parts) == 4 and re.fullmatch(r"[0-9a-f]{32}", parts[1]):
         return parts[1]
-    return request.headers.get("X-Request-ID", "")[:64] or new_trace_id()
+    request_id = request.headers.get("X-Request-ID", "")
+    return request_id if _REQUEST_ID.fullmatch(request_id) else new_trace_id()
 
 
 class RequestContextMiddleware:

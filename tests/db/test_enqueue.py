@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
@@ -24,6 +25,9 @@ from django.db import connection, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from jobs_engine import (
     EnqueueResult,
@@ -42,6 +46,7 @@ from jobs_engine.models import Job, VersionCounter, Worker
 from jobs_engine.registry import Job as HandlerJob
 from jobs_engine.registry import Target
 from tests.conftest import is_postgres
+from tests.helpers import fast_poller
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -287,6 +292,7 @@ BAD_ITEMS: list[tuple[str, dict[str, Any], str]] = [
     ("headers-list", {"headers": ["a", "b"]}, "headers"),
     ("headers-str", {"headers": "event_id=1"}, "headers"),
     ("headers-int-keys", {"headers": {1: "x"}}, "headers"),
+    ("headers-nan", {"headers": {"h": float("nan")}}, "headers"),  # jsonb has no NaN
 ]
 
 
@@ -613,3 +619,185 @@ def test_notify_only_after_commit(targets: Targets) -> None:
 
         enqueue("t:fast", 4, dedupe_key="n:4")  # autocommit: woken at once
         assert _notified(listener, 2) == [("jobs_engine", "fast")]
+
+
+# -- bad text never reaches the database ------------------------------------------------------
+#
+# PostgreSQL refuses NUL in text and jsonb and text that UTF-8 cannot encode (a lone
+# surrogate); its error aborts the caller's transaction. SQLite would store them. Both must
+# refuse them the same way, with InvalidJob, before any write.
+
+BAD_TEXT = {
+    "nul": "\x00",
+    "backslash-nul": "\\\x00",  # JSON "\\\u0000": an escaped backslash, then a real NUL
+    "high-surrogate": "\ud800",
+    "low-surrogate": "\udfff",
+}
+
+# Where the bad text goes: (name, item fields made from it, the field InvalidJob names).
+BAD_PLACES: list[tuple[str, Callable[[str], dict[str, Any]], str]] = [
+    ("payload-value", lambda bad: {"payload": {"a": f"x{bad}y"}}, "payload"),
+    ("payload-key", lambda bad: {"payload": {f"k{bad}": 1}}, "payload"),
+    ("payload-nested", lambda bad: {"payload": {"a": [1, {"b": [2, f"{bad}z"]}]}}, "payload"),
+    ("payload-nested-key", lambda bad: {"payload": [{"a": {f"{bad}": None}}]}, "payload"),
+    ("payload-scalar", lambda bad: {"payload": bad}, "payload"),
+    ("key", lambda bad: {"key": f"order-{bad}"}, "key"),
+    ("code", lambda bad: {"code": f"code-{bad}"}, "code"),
+    ("dedupe_key", lambda bad: {"dedupe_key": f"dk-{bad}"}, "dedupe_key"),
+    ("header-name", lambda bad: {"headers": {f"h{bad}": "v"}}, "headers"),
+    ("header-value", lambda bad: {"headers": {"h": f"v{bad}"}}, "headers"),
+    ("header-nested", lambda bad: {"headers": {"h": {"n": [f"{bad}"]}}}, "headers"),
+]
+
+
+def nested(depth: int, inner: Any = 1) -> Any:
+    """``inner`` inside ``depth`` containers, lists and objects in turn (built without
+    recursion: the deepest case is far past Python's recursion limit)."""
+    value = inner
+    for level in range(depth):
+        value = [value] if level % 2 else {"n": value}
+    return value
+
+
+DEEP_ITEMS: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
+    ("payload-one-too-deep", lambda: {"payload": nested(enqueueing.MAX_PAYLOAD_DEPTH + 1)},
+     "payload"),
+    ("payload-100000-deep", lambda: {"payload": nested(100_000)}, "payload"),
+    ("headers-too-deep", lambda: {"headers": {"h": nested(enqueueing.MAX_PAYLOAD_DEPTH)}},
+     "headers"),
+]
+
+REFUSALS: list[Any] = [
+    pytest.param(lambda p=place, b=bad: p(b), field, id=f"{name}-{kind}")
+    for name, place, field in BAD_PLACES for kind, bad in BAD_TEXT.items()
+] + [pytest.param(make, field, id=name) for name, make, field in DEEP_ITEMS]
+
+
+@TRANSACTIONAL
+@pytest.mark.parametrize(("make_bad", "field"), REFUSALS)
+def test_bad_text_and_deep_nesting_are_refused_before_any_write(
+        fast: Target, make_bad: Callable[[], dict[str, Any]], field: str) -> None:
+    """NUL, a lone surrogate or nesting past MAX_PAYLOAD_DEPTH: InvalidJob naming the field,
+    nothing written, and the caller's transaction goes on (a PostgreSQL error would have
+    aborted it: "current transaction is aborted")."""
+    bad = make_bad()
+    with pytest.raises(InvalidJob) as many:
+        enqueue_many([{"target": "t:fast", "payload": {"ok": 1}, "dedupe_key": "before-bad"},
+                      {"target": "t:fast", "payload": {"ok": 2}, **bad}])
+    assert many.value.field == field
+    assert count_jobs() == 0
+    with transaction.atomic():
+        VersionCounter.objects.create(key="business-write", value=1)
+        with pytest.raises(InvalidJob) as one:
+            enqueue("t:fast", **{"payload": {"ok": 3}, **bad})
+        assert one.value.field == field
+        assert count_jobs() == 0  # a query in the same block still runs
+        enqueue("t:fast", {"ok": 4}, dedupe_key="after-refusal")
+    assert list(Job.objects.values_list("dedupe_key", "payload")) == [
+        ("after-refusal", {"ok": 4})]
+    assert VersionCounter.objects.get(key="business-write").value == 1
+
+
+@TRANSACTIONAL
+@pytest.mark.parametrize("bad", list(BAD_TEXT.values()), ids=list(BAD_TEXT))
+def test_next_version_refuses_bad_text_and_the_transaction_goes_on(bad: str) -> None:
+    with transaction.atomic():
+        with pytest.raises(InvalidJob) as info:
+            next_version(f"order-{bad}")
+        assert info.value.field == "key"
+        assert next_version("order-ok") == 1
+    assert list(VersionCounter.objects.values_list("key", "value")) == [("order-ok", 1)]
+
+
+# Strings made of what the text checks must tell apart: quotes, backslashes, brackets, "u0000"
+# written out, a real NUL, a lone surrogate, an astral character.
+TRICKY_TEXT = st.text(st.sampled_from(['"', "\\", "[", "]", "{", "}", "u", "0", "a", "\x00",
+                                       "\ud800", "😀"]), max_size=8)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    | TRICKY_TEXT,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TRICKY_TEXT, inner, max_size=3),
+    max_leaves=40)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """Every string of a JSON value, object keys included."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+@given(JSON_VALUES)
+@hypothesis_settings(max_examples=500, deadline=None)
+def test_text_checks_agree_with_the_value(value: Any) -> None:
+    """The checks read the JSON text (fast); they must say what the value itself says, for
+    strings full of escapes and brackets. A limit of 3 makes too-deep values common."""
+    texts = list(_strings(value))
+    with mock.patch.object(enqueueing, "MAX_PAYLOAD_DEPTH", 3):
+        if any("\ud800" in t for t in texts):
+            expected: str | None = enqueueing._SURROGATE
+        elif any("\x00" in t for t in texts):
+            expected = enqueueing._NUL
+        elif _depth(value) > 3:
+            expected = "is nested more than MAX_PAYLOAD_DEPTH (3) deep"
+        else:
+            expected = None
+        if expected is None:
+            assert json.loads(enqueueing._json_text("payload", value)) == value
+        else:
+            with pytest.raises(InvalidJob) as info:
+                enqueueing._json_text("payload", value)
+            assert (info.value.field, info.value.problem) == ("payload", expected)
+
+
+# Text that is valid and must come back unchanged: astral characters, a literal backslash
+# followed by "u0000" (not a NUL), control characters other than NUL, brackets and escaped
+# quotes in strings (ahead of the deepest value: miscounted, they would push it over the
+# limit), more than MAX_PAYLOAD_DEPTH brackets in all, and the deepest nesting allowed.
+GOOD_PAYLOAD: dict[str, Any] = {
+    'quote"[[': 'q\\"{{[\\',
+    "brackets": "[{" * 300,
+    "emoji 😀": "😀 snow ☃ é",
+    "escaped": "\\u0000",
+    "escaped twice": "\\\\u0000",
+    "controls": "\x01\x1f\x7f\u2028",
+    "wide": [{"i": i, "l": [i]} for i in range(200)],
+    "deepest": nested(enqueueing.MAX_PAYLOAD_DEPTH - 1),
+}
+
+
+@TRANSACTIONAL
+def test_valid_unusual_text_round_trips(targets: Targets, now: datetime) -> None:
+    """Stored as given (read through the ORM), handed to a handler as given, and a
+    ``payload_json`` target's text decodes to it and carries the characters unescaped, as
+    PostgreSQL's jsonb gives them back, on both databases."""
+    decoded = targets("t:decoded")
+    forwarded = targets("t:forwarded", payload_json=True)
+    text = {"key": "order-😀", "code": "code-😀", "headers": {"h-😀": "v\\u0000😀"}}
+    for name in ("t:decoded", "t:forwarded"):
+        assert enqueue(name, GOOD_PAYLOAD, dedupe_key=f"{name}:😀", run_at=now, version=1,
+                       **text).inserted
+    row = Job.objects.get(target="t:decoded")
+    assert row.payload == GOOD_PAYLOAD
+    assert (row.key, row.code, row.dedupe_key, row.headers) == (
+        text["key"], text["code"], "t:decoded:😀", text["headers"])
+    assert fast_poller()(now) == 2
+    [got] = decoded.extra["calls"]
+    assert (got.payload, got.key, got.headers) == (GOOD_PAYLOAD, text["key"], text["headers"])
+    [sent] = forwarded.extra["calls"]
+    assert isinstance(sent.payload, str) and json.loads(sent.payload) == GOOD_PAYLOAD
+    assert "😀 snow ☃ é" in sent.payload

@@ -204,3 +204,34 @@ def test_write_that_matches_nothing_is_logged_lost_and_raises_no_alert(
     assert len(lines) == 1 and lines[0].endswith("result=lost")
     assert dead_signals == []
     assert not [r for r in caplog.records if r.getMessage().startswith("job dead alert")]
+
+
+@pytest.mark.parametrize("lane", LANES)
+def test_error_text_with_nul_is_stored_cleaned_and_the_row_goes_dead(
+        targets: Any, lane: str, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
+    """A handler's error may carry anything (a response body): NUL, which PostgreSQL text
+    refuses, and a lone surrogate, which UTF-8 cannot encode. The outcome must still be
+    written, or the row would be run again at every poll: exactly max_attempts runs."""
+    calls: list[Job] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job)
+        raise RuntimeError("bad\x00body\ud800")
+
+    name = f"oc.{lane}.{uuid.uuid4().hex[:6]}"
+    targets(name, handler=handler, lane=lane, delivery_mode=DeliveryMode.AT_MOST_ONCE,
+            max_attempts=3)
+    job_id = enqueue(name, {"n": 1}, dedupe_key=f"{name}:1", run_at=t0).job_id
+    poll = poller(lane)
+    # Each poll just past the row's retry time (RETRY_DELAYS: 60 s, then 120 s).
+    for n, at in enumerate((t0, t0 + 61 * SECOND, t0 + 182 * SECOND), start=1):
+        assert poll(at) == 1
+        assert len(calls) == n
+        row = JobModel.objects.get(id=job_id)
+        assert row.attempts == n
+        assert "\x00" not in row.last_error
+    assert (row.status, row.closed_at) == (JobStatus.DEAD, t0 + 182 * SECOND)
+    assert row.last_error == "RuntimeError: badbody? (attempt 3 of 3)"
+    assert [s["job_id"] for s in dead_signals] == [job_id]
+    assert poll(t0 + 3600 * SECOND) == 0
+    assert len(calls) == 3
