@@ -4,8 +4,11 @@ hourly statistics (a 48-hour chart) and the audit trail.
 
 Rows are never edited here: every action calls ``jobs_engine.operations``, which guards
 the change on the row's state and writes the audit record. Users with
-``jobs_engine.manage_jobs`` see and act; lists never count a whole table (capped counts,
-estimates on PostgreSQL, no facets), so they stay fast with a million jobs.
+``jobs_engine.manage_jobs`` see everything and act; a staff user with only Django's view
+permission on a model sees its list and detail pages without the private text (payload,
+headers, actor, error text: see ``may_see_job_text``) and gets no action. Lists never count
+a whole table (capped counts, estimates on PostgreSQL, no facets), so they stay fast with a
+million jobs, and filter text no stored value can hold lists nothing instead of failing.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import connection
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.constants import LOOKUP_SEP
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import URLPattern, path, reverse
@@ -48,13 +54,63 @@ def can_manage(request: HttpRequest) -> bool:
     return request.user.is_active and request.user.has_perm(MANAGE_PERMISSION)
 
 
+def may_see_job_text(request: HttpRequest) -> bool:
+    """Payloads, headers, actors and error texts may hold personal data: only engine
+    managers read them. Django's view permission shows the rest of a row, never these
+    (every page, list filter and detail field asks this one check)."""
+    return can_manage(request)
+
+
+HIDDEN_TEXT = f"hidden: needs the {MANAGE_PERMISSION} permission"
+
+
+def hidden(description: str) -> Callable[[Any, Any], str]:
+    """The stand-in of one private field for users who may not read it."""
+
+    @admin.display(description=description)
+    def stand_in(modeladmin: Any, obj: Any) -> str:
+        return HIDDEN_TEXT
+
+    return stand_in
+
+
+def storable(text: str) -> bool:
+    """Whether a database text column could hold ``text``: PostgreSQL refuses NUL, and a
+    lone surrogate (possible after JSON ``\\ud800``) is no UTF-8 at all. Text that fails
+    this equals no stored value, so a filter on it matches nothing."""
+    if "\x00" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class EngineChangeList(ChangeList):
+    """A filter or search value no column can hold lists nothing: sent to PostgreSQL it
+    would fail the whole page (a 500) instead of matching no row."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        queryset = super().get_queryset(request, exclude_parameters)
+        if all(storable(value) for _, values in request.GET.lists() for value in values):
+            return queryset
+        return queryset.none()
+
+
 class ManagedAdmin(admin.ModelAdmin):
-    """Read-only pages that engine managers may view; changes go through actions."""
+    """Read-only pages: engine managers see all and act (through actions); a staff user
+    with Django's view permission sees the page without ``private`` fields and acts on
+    nothing."""
 
     show_facets = admin.ShowFacets.NEVER  # facet counts scan the table
     show_full_result_count = False
     paginator = CappedCountPaginator
     list_per_page = 100
+    # Private model fields (see may_see_job_text) → the name they are shown under; a user
+    # who may not read them sees the stand-in ``<field>_hidden`` instead, and cannot filter
+    # the list on them.
+    private: dict[str, str] = {}
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return can_manage(request) or super().has_view_permission(request, obj)
@@ -73,6 +129,81 @@ class ManagedAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    # -- private fields --------------------------------------------------------------------
+
+    def _shown(self, request: HttpRequest, names: Any) -> tuple[Any, ...]:
+        if not self.private or may_see_job_text(request):
+            return tuple(names)
+        stand_ins = {shown: f"{field}_hidden" for field, shown in self.private.items()}
+        return tuple(stand_ins.get(name, name) for name in names)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        if self.private and not may_see_job_text(request):
+            return queryset.defer(*self.private)  # never even read from the database
+        return queryset
+
+    def get_list_display(self, request: HttpRequest) -> tuple[Any, ...]:
+        return self._shown(request, super().get_list_display(request))
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[Any, Any]]:
+        return [(title, {**options, "fields": self._shown(request, options["fields"])})
+                for title, options in super().get_fieldsets(request, obj)]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return (*super().get_readonly_fields(request, obj),
+                *(f"{field}_hidden" for field in self.private))
+
+    def lookup_allowed(self, lookup: str, value: Any, request: HttpRequest) -> bool:
+        """``?payload__contains=…`` would tell a viewer what a payload holds: refused (400)."""
+        if lookup.split(LOOKUP_SEP)[0] in self.private and not may_see_job_text(request):
+            return False
+        return super().lookup_allowed(lookup, value, request)
+
+    # -- bad input and actions -------------------------------------------------------------
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return EngineChangeList
+
+    def names_a_row(self, text: str) -> bool:
+        """Whether ``text`` could be a row's primary key: storable, of the key's type and,
+        for an integer key, in the column's range (SQLite cannot even bind a larger one)."""
+        field = self.model._meta.pk
+        try:
+            value = field.to_python(text) if storable(text) else None
+        except ValidationError:
+            return False
+        if isinstance(value, int):
+            low, high = connection.ops.integer_field_range(field.get_internal_type())
+            return (low is None or value >= low) and (high is None or value <= high)
+        return value is not None
+
+    def get_object(self, request: HttpRequest, object_id: str, from_field: Any = None
+                   ) -> Any:
+        """An id no column can hold names no row (Django then says so and redirects)."""
+        possible = self.names_a_row(object_id) if from_field is None else storable(object_id)
+        if not possible:
+            return None
+        return super().get_object(request, object_id, from_field)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        # A POST to a list page is an action: without the manage permission it is refused
+        # outright (403), not answered with a list that silently did nothing.
+        if request.method == "POST" and not can_manage(request):
+            raise PermissionDenied
+        return super().changelist_view(request, extra_context)
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet, *args: Any,
+                        **kwargs: Any) -> HttpResponse | None:
+        """A selected id that cannot be a row's key refuses the action with a message
+        (it would otherwise fail in the database)."""
+        selected = request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+        if not all(self.names_a_row(value) for value in selected):
+            self.message_user(request, "Not done: a selected id names no row.", messages.ERROR)
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset, *args, **kwargs)
 
 
 def pretty_json(value: Any) -> str:
@@ -162,7 +293,7 @@ class TargetFilter(ChoiceFilter):
         return [(name, name) for name in sorted(names)]
 
 
-class JobChangeList(ChangeList):
+class JobChangeList(EngineChangeList):
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         # The list never shows the big columns: do not read them.
         return super().get_queryset(request, exclude_parameters).defer(
@@ -223,6 +354,12 @@ class JobAdmin(ManagedAdmin):
                               "running_code", "outcome_token")}),
     )
     readonly_fields = ("last_error_text", "payload_json", "headers_json", "actor_json")
+    private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
+               "last_error": "last_error_text"}
+    payload_hidden = hidden("payload")
+    headers_hidden = hidden("headers")
+    actor_hidden = hidden("actor")
+    last_error_hidden = hidden("last error")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
@@ -362,8 +499,12 @@ class WorkerAdmin(ManagedAdmin):
 @admin.register(TargetPause)
 class TargetPauseAdmin(ManagedAdmin):
     list_display = ("target", "state", "reason", "paused_until", "paused_at", "probe_by")
+    fields = ("target", "state", "reason", "paused_until", "paused_at", "probe_by")
+    readonly_fields = ("state",)
     ordering = ("target",)
     actions = ("resume_selected",)
+    private = {"reason": "reason"}  # a target's error text: it may quote a payload
+    reason_hidden = hidden("reason")
 
     @admin.display(description="state")
     def state(self, obj: TargetPause) -> str:

@@ -7,27 +7,39 @@ visits fire retries in their name, so the check stays on; scripts log in once an
 the cookie jar. Only users with ``jobs_engine.manage_jobs`` pass: anonymous → 401,
 others → 403.
 
+Input is strict: a job id in a path is a plain decimal number (``JobId``: ``[1-9][0-9]*``,
+at most 2**63-1; ``1.0``, ``+1``, `` 1``, ``01``, ``1e0``, ``0`` or a larger number names
+no row: 404), and a query parameter or body field a route does not use is refused (400
+naming it), as is any body on a route that takes none (``refuse_unused_input``).
+
 Every error has one shape: ``{"status_code", "code", "message": [...]}`` (400
 ``validation_error``, 401 ``unauthorized``, 403 ``forbidden``/``csrf_failed``, 404
 ``not_found`` for unknown or malformed ids and unknown routes, 409 ``invalid_status``,
-413 ``body_too_large``). Other apps (schedules) add their routers to ``api``.
+413 ``body_too_large``). Other apps (schedules) add their routers to ``api``; their body
+schemas derive from ``BodyIn`` and their filter schemas from ``QueryIn``.
 """
 
 from __future__ import annotations
 
+import functools
+import io
+import json
 import logging
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
+from django.http.multipartparser import MultiPartParserError
+from django.http.request import RawPostDataException
 from ninja import Field, NinjaAPI, Path, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security.apikey import APIKeyCookie
 from ninja.utils import check_csrf
-from pydantic import StringConstraints
+from pydantic import BeforeValidator, ConfigDict, StringConstraints, model_validator
 
 from jobs_engine import operations
 from jobs_engine.models import MANAGE_PERMISSION, Job
@@ -115,14 +127,19 @@ def _location(loc: Iterable[Any]) -> str:
     return ".".join(str(part) for part in loc)
 
 
+def _message(error: dict[str, Any]) -> str:
+    what = "unknown field" if error.get("type") == "extra_forbidden" \
+        else error.get("msg", "invalid")
+    return f"{_location(error.get('loc', ()))}: {what}"
+
+
 @api.exception_handler(ValidationError)
 def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
     errors = list(exc.errors)
     if any(tuple(error.get("loc", ()))[:1] == ("path",) for error in errors):
         # A malformed id names no row, like an unknown one.
         return error_response(404, "not_found", ["no row has this id"])
-    messages = [f"{_location(error.get('loc', ()))}: {error.get('msg', 'invalid')}"
-                for error in errors]
+    messages = [_message(error) for error in errors]
     return error_response(400, "validation_error", messages or ["invalid request"])
 
 
@@ -154,6 +171,14 @@ def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     return error_response(413, "body_too_large", [str(exc)])
 
 
+@api.exception_handler(SuspiciousOperation)
+@api.exception_handler(MultiPartParserError)
+def _unparsable(request: HttpRequest, exc: Exception) -> HttpResponse:
+    """A request Django would not parse (too many fields, a broken multipart form): 400, as
+    Django answers it outside the API, not the catch-all's 500."""
+    return error_response(400, "validation_error", [str(exc) or "malformed request"])
+
+
 @api.exception_handler(Exception)
 def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
     logger.exception("API %s %s failed", request.method, request.path)
@@ -163,6 +188,111 @@ def _unexpected(request: HttpRequest, exc: Exception) -> HttpResponse:
 def not_found_view(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
     """Any other path under ``/api/v1/``: a 404 in the API's error shape."""
     return error_response(404, "not_found", [f"no API route {request.path}"])
+
+
+# -- input nobody uses is refused ---------------------------------------------------------
+
+
+FORM_TYPES = {"multipart/form-data", "application/x-www-form-urlencoded"}
+
+
+def _unicode(value: Any) -> bool:
+    """Whether every text in a parsed JSON body is Unicode that UTF-8 (and so a database
+    column) can hold: JSON's ``\\ud800`` escapes make lone surrogates that cannot."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return False
+        return True
+    if isinstance(value, dict):
+        return all(_unicode(key) and _unicode(item) for key, item in value.items())
+    if isinstance(value, list):
+        return all(_unicode(item) for item in value)
+    return True
+
+
+class BodyIn(Schema):
+    """A request body: a field the route does not know is refused (400), not ignored, and
+    so is text with a lone surrogate (400, instead of a 500 when it reaches the database,
+    e.g. quoted in an audit record)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if not _unicode(data):
+            raise ValueError("text with a lone surrogate (\\ud800-\\udfff) is not valid "
+                             "Unicode")
+        return data
+
+
+class QueryIn(Schema):
+    """A route's query parameters; any other query parameter is refused (400)."""
+
+
+def _form_fields(request: HttpRequest) -> set[str]:
+    """The field names of a form body (Django parses one only for a POST)."""
+    if request.method == "POST":
+        return {*request.POST, *request.FILES}
+    if request.content_type == "multipart/form-data":
+        data, files = request.parse_file_upload(request.META, io.BytesIO(request.body))
+        return {*data, *files}
+    return set(QueryDict(request.body, encoding=request.encoding))
+
+
+def _no_body(request: HttpRequest) -> list[str]:
+    """What is wrong with a body sent to a route that takes none: nothing for no body, a
+    form with no field (what a test client or an HTML form sends) or ``{}`` (what generic
+    JSON clients send); otherwise each field it names, or the body as a whole."""
+    whole = ["body: this route takes no body"]
+    try:
+        if request.content_type in FORM_TYPES:
+            return [f"body.{name}: unknown field (this route takes no body)"
+                    for name in sorted(_form_fields(request))]
+        raw = request.body
+    except RawPostDataException:  # read as a stream already (a form): it was not empty
+        return whole
+    if not raw.strip():
+        return []
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return whole
+    if isinstance(data, dict):
+        return [f"body.{name}: unknown field (this route takes no body)"
+                for name in sorted(data)]  # none for {}
+    return whole
+
+
+def refuse_unused_input(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap every route (after auth and validation): a query parameter it does not declare
+    (in a ``QueryIn`` schema), or a body when it takes no ``BodyIn``, is a 400 naming it.
+
+    Why: a client that sends a field it believes is used (a ``force`` flag on a retry, a
+    ``reason`` with a cancel, a misspelt ``cron_overide``) must learn that it is not,
+    instead of getting a 200 for something other than what it asked.
+    """
+
+    @functools.wraps(view)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        values = list(kwargs.values())
+        known = {name for value in values if isinstance(value, QueryIn)
+                 for name in type(value).model_fields}
+        problems = [f"query.{name}: unknown parameter"
+                    for name in sorted(set(request.GET) - known)]
+        if not any(isinstance(value, BodyIn) for value in values):
+            problems += _no_body(request)
+        if problems:
+            raise ApiError(400, "validation_error", problems)
+        return view(request, *args, **kwargs)
+
+    return checked
+
+
+# Every route, also those other apps add (ninja applies it to each router at build time).
+api.add_decorator(refuse_unused_input, mode="operation")
 
 
 # -- schemas -------------------------------------------------------------------------------
@@ -180,7 +310,7 @@ StatusName = Literal["PENDING", "RUNNING", "DEAD", "DONE"]
 LaneName = Literal["fast", "long"]
 
 
-class JobFilters(Schema):
+class JobFilters(QueryIn):
     status: StatusName | None = None
     target: Text | None = None
     code: Text | None = None
@@ -248,7 +378,19 @@ def errors(*codes: int) -> dict[int, type[ErrorOut]]:
     return dict.fromkeys((401, 403, *codes), ErrorOut)
 
 
-JobId = Annotated[int, Path(ge=1, le=MAX_JOB_ID, description="The job's id.")]
+PLAIN_ID = re.compile(r"[1-9][0-9]{0,18}")  # ASCII digits, no sign, space, zero or fraction
+
+
+def _plain_id(value: Any) -> Any:
+    """Only the id's one plain spelling: ``01``, ``+1``, ``1.0``, `` 1`` or ``1_0`` would
+    otherwise be read (by int or pydantic) as some row's id."""
+    if isinstance(value, str) and not PLAIN_ID.fullmatch(value):
+        raise ValueError("a job id is a plain decimal number")
+    return value
+
+
+JobId = Annotated[int, BeforeValidator(_plain_id),
+                  Path(ge=1, le=MAX_JOB_ID, description="The job's id: digits, no leading 0.")]
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -260,10 +402,6 @@ jobs = Router(tags=["jobs"])
 def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any]:
     """Newest first. ``total`` is counted up to a cap so a list stays fast on a million
     rows; unknown query parameters are refused, not ignored."""
-    unknown = sorted(set(request.GET) - set(JobFilters.model_fields))
-    if unknown:
-        raise ApiError(400, "validation_error",
-                       [f"query.{name}: unknown parameter" for name in unknown])
     queryset = Job.objects.all()
     for name in FILTERS:
         value = getattr(filters, name)

@@ -266,20 +266,32 @@ class FastLane:
 
     def _send(self, target: Target | None, send: list[store.JobRow],
               clock: Callable[[], datetime]) -> list[RunResult]:
+        """Hand ``send`` to its target. The lease is checked again right before the
+        hand-off: a worker stalled after its mark (SIGSTOP, a long GC pause) may have lost
+        the partition meanwhile, and its new owner may already have sent later versions of
+        the key. Rows not handed get no result: they stay as they are (in this poll's mark,
+        for the new owner to judge)."""
         started = self._monotonic()
+        trusted = self.leases.trusted
         if target is None:
-            errors: list[BaseException | None] = [
-                UnknownTarget(send[0].target)] * len(send)
+            handed, errors = send, [UnknownTarget(send[0].target)] * len(send)
         elif target.batch_handler is not None:
-            errors = call_batch_handler(target, send)
+            kept = {p for p in {row.partition for row in send} if trusted(p)}
+            handed = [row for row in send if row.partition in kept]
+            errors = call_batch_handler(target, handed) if handed else []
         else:
-            errors = []
+            handed, errors = [], []
             for row in send:
+                if not trusted(row.partition):
+                    continue
+                handed.append(row)
                 errors.append(call_handler(target, row))
                 if judge(row, target, errors[-1], clock(), self.settings).pause_target:
                     break  # the target is down: the rest of this send is not handed
+        if not errors:
+            return []
         duration_ms = (self._monotonic() - started) * 1000 / len(errors)
         now = clock()
         # Rows after a pausing outcome were not handed: no result, they stay as they are.
         return [RunResult(row, judge(row, target, error, now, self.settings), duration_ms)
-                for row, error in zip(send[: len(errors)], errors, strict=True)]
+                for row, error in zip(handed, errors, strict=True)]

@@ -10,6 +10,7 @@ row and whether it was done or refused. A refused action raises ``JobNotFound`` 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -27,6 +28,7 @@ logger = logging.getLogger("jobs_engine")
 JOB = "job"
 TARGET = "target"
 MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would make PostgreSQL fail)
+_JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -90,9 +92,11 @@ def audit(actor: Any, action: str, object_type: str, object_id: Any, *, ok: bool
 
 
 def _text(value: Any, limit: int) -> str:
-    """Text an audit column can hold: cut, and no NUL (PostgreSQL text refuses it; a
-    malformed id from a URL may carry one)."""
-    return str(value).replace("\x00", "\\x00")[:limit]
+    """Text an audit column can hold: cut, no NUL (PostgreSQL text refuses it; a malformed
+    id from a URL may carry one) and nothing UTF-8 cannot encode (a lone surrogate in a
+    request body)."""
+    text = str(value).replace("\x00", "\\x00")[:limit]
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def parse_job_id(raw: Any) -> int:
@@ -103,10 +107,10 @@ def parse_job_id(raw: Any) -> int:
     if isinstance(raw, int):
         value = raw
     else:
-        text = str(raw).strip()
-        # ASCII digits only, and short: int() takes other scripts' digits and refuses
-        # very long strings with a ValueError of its own.
-        if not text.isascii() or not text.isdigit() or len(text) > 19:
+        # A plain decimal id: ASCII digits, no sign, space or leading zero, at most 19 of
+        # them (int() would take other scripts' digits, "1_0" as 10 and " 01" as 1).
+        text = str(raw)
+        if not _JOB_ID.fullmatch(text):
             raise JobNotFound(raw)
         value = int(text)
     if not 1 <= value <= MAX_JOB_ID:

@@ -4,8 +4,9 @@
 imports nothing of this app. Auth, CSRF, permission checks and the error shape are the
 API's own (see ``jobs_engine.api``); every action goes through ``schedules.operations``,
 which writes the audit record. Errors: 404 ``not_found`` for an unknown or malformed code,
-400 ``invalid_cron`` for a bad override (nothing changed), 409 ``invalid_status`` for run
-now of a row no code declares.
+400 ``invalid_cron`` for a bad override (nothing changed), 400 ``validation_error`` for a
+query parameter, a body field no route uses or a body sent to a route that takes none,
+409 ``invalid_status`` for run now of a row no code declares.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated, Any
 from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
-from jobs_engine.api import ApiError, errors
+from jobs_engine.api import BodyIn, errors
 from schedules import operations, services
 from schedules.declarations import MAX_CODE_LENGTH
 from schedules.models import Schedule
@@ -45,7 +46,7 @@ class ScheduleList(Schema):
     data: list[ScheduleOut] = Field(description="Every schedule, sorted by code.")
 
 
-class CronOverrideIn(Schema):
+class CronOverrideIn(BodyIn):
     cron_override: str = Field(description="A cron expression read in the schedule's zone "
                                            "(5 fields, or 6 with seconds first).",
                                examples=["*/10 * * * *"])
@@ -85,9 +86,6 @@ router = Router(tags=["schedules"])
 def list_schedules(request: HttpRequest) -> dict[str, Any]:
     """Every schedule row, sorted by code; next run in UTC and in the schedule's zone.
     Query parameters are refused (there are no filters)."""
-    if request.GET:
-        raise ApiError(400, "validation_error",
-                       [f"query.{name}: unknown parameter" for name in sorted(request.GET)])
     return {"data": [schedule_out(row) for row in services.list_schedules()]}
 
 

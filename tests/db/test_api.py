@@ -1,6 +1,7 @@
 """The JSON API under /api/v1/ (docs/operations.md#access): every jobs
-route, every error in the one error shape, bad input that changes nothing, and two
-concurrent retries with exactly one winner."""
+route, every error in the one error shape, bad input that changes nothing (a job id is
+plain decimal digits: any other spelling is 404; a query parameter or body the route does
+not use is 400), and two concurrent retries with exactly one winner."""
 
 from __future__ import annotations
 
@@ -185,11 +186,35 @@ def test_detail_has_payload_headers_and_last_error(client: Client, targets: Any)
 
 
 @pytest.mark.parametrize("job_id", ["987654321", "abc", "0", "-3", "1.5", "1e3",
-                                    str(2**63), "9" * 400, "%E2%91%A0"])
+                                    str(2**63), "9" * 400, "%E2%91%A0", "%D9%A1", "1_000",
+                                    "%00"])
 def test_unknown_or_malformed_ids_are_404(client: Client, job_id: str) -> None:
     assert_error(client.get(f"{JOBS}/{job_id}"), 404, "not_found")
     for action in ("retry", "skip", "cancel"):
         assert_error(client.post(f"{JOBS}/{job_id}/{action}"), 404, "not_found")
+
+
+def near_misses(job_id: int) -> list[str]:
+    """Spellings that int() or pydantic read as ``job_id``: none is a plain id."""
+    text = str(job_id)
+    return [f"{text}.0", f"+{text}", f"%20{text}", f"{text}%20", f"{text}%0A", f"0{text}",
+            f"00{text}", f"{text}e0", f"{text}.", f"{job_id // 10}_{job_id % 10}"]
+
+
+def test_near_miss_spellings_of_a_real_id_are_404_and_touch_nothing(client: Client,
+                                                                    targets: Any) -> None:
+    """An id is plain decimal digits without a leading zero; ``42.0`` or ``042`` is not
+    job 42."""
+    targets("api.near")
+    job = make_job("api.near", status=JobStatus.DEAD)
+    while job.id < 10:  # two digits, so that "4_2" can spell 42
+        job = make_job("api.near", status=JobStatus.DEAD)
+    for raw in near_misses(job.id):
+        assert_error(client.get(f"{JOBS}/{raw}"), 404, "not_found")
+        for action in ("retry", "skip", "cancel"):
+            assert_error(client.post(f"{JOBS}/{raw}/{action}"), 404, "not_found")
+    assert Job.objects.get(id=job.id).status == JobStatus.DEAD
+    assert not AuditRecord.objects.filter(object_id=str(job.id)).exists()
 
 
 def test_unknown_routes_and_methods_never_500(client: Client) -> None:
@@ -305,12 +330,38 @@ def test_a_huge_body_is_413_and_changes_nothing(client: Client, targets: Any) ->
     assert not AuditRecord.objects.exists()
 
 
-def test_a_small_body_is_ignored(client: Client, targets: Any) -> None:
+@pytest.mark.parametrize("body, content_type", [
+    ("not json", "application/json"), ('{"force": true}', "application/json"),
+    ("[]", "application/json"), ("null", "application/json"),
+    ("force=1", "application/x-www-form-urlencoded"),
+    ("&".join(f"f{i}=1" for i in range(1500)), "application/x-www-form-urlencoded"),
+    ("--x\r\n", "multipart/form-data"),
+])
+def test_a_body_sent_to_a_route_that_takes_none_is_400_and_changes_nothing(
+        client: Client, targets: Any, body: str, content_type: str) -> None:
+    """The client believes the body means something; it must learn that it does not."""
     targets("api.body")
     job = make_job("api.body", status=JobStatus.DEAD)
-    response = client.post(f"{JOBS}/{job.id}/retry", "not json",
-                           content_type="application/json")
-    assert response.status_code == 200
+    response = client.post(f"{JOBS}/{job.id}/retry", body, content_type=content_type)
+    messages = assert_error(response, 400, "validation_error")["message"]
+    if "force" in body:
+        assert messages == ["body.force: unknown field (this route takes no body)"]
+    assert Job.objects.get(id=job.id).status == JobStatus.DEAD
+    assert not AuditRecord.objects.exists()
+    # No body, only whitespace, or an empty object (what generic JSON clients send): fine.
+    for nothing in ("", " \n", "{}", " { } "):
+        response = client.post(f"{JOBS}/{job.id}/retry", nothing,
+                               content_type="application/json")
+        assert response.status_code in (200, 409), (nothing, response.content)  # 409: done
+    assert Job.objects.get(id=job.id).status == JobStatus.PENDING
+
+
+def test_an_unknown_query_parameter_is_400_on_an_action(client: Client, targets: Any) -> None:
+    targets("api.query")
+    job = make_job("api.query", status=JobStatus.DEAD)
+    body = assert_error(client.post(f"{JOBS}/{job.id}/retry?force=1"), 400, "validation_error")
+    assert body["message"] == ["query.force: unknown parameter"]
+    assert Job.objects.get(id=job.id).status == JobStatus.DEAD
 
 
 @pytest.mark.django_db(transaction=True)

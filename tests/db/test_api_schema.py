@@ -1,7 +1,16 @@
 """Schemathesis against the API's own OpenAPI schema, in-process through Django's WSGI
-application, logged in as an engine manager: generated valid and invalid requests to
-every route (jobs and schedules) never get a 5xx, and every error is in the API's one
-error shape."""
+application, logged in as an engine manager: generated valid (positive) and invalid
+(negative) requests to every route (jobs and schedules), and schemathesis's coverage cases
+(boundary values, missing, unknown and malformed parameters and bodies) in both modes.
+
+No request gets a 5xx, no invalid request is accepted (schemathesis's
+``negative_data_rejection`` check: a request it made invalid must get 400, 404, 405 or
+413; a 2xx, or a 409 that means it reached the operation, fails) and every error is in the
+API's one error shape. Half the cases name real rows (a generated id or code names none),
+some with a real id spelt as a near miss (``042``, ``+42``, ``42.0``): always 404, never
+acted on. The settings are schemathesis 4's ``schema.config`` (what a
+``schemathesis.toml`` would say); examples are capped so the file runs in about 10 s.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ from django.test import Client
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.schemas import BaseSchema
 
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job, manager
@@ -25,7 +35,23 @@ from tests.db.schedule_helpers import declared_schedule
 
 pytestmark = pytest.mark.django_db
 
-EXAMPLES = 200  # per generation mode, spread over every operation; a few seconds
+MODES = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
+EXAMPLES = 200  # fuzzed cases per generation mode, spread over every operation: ~4 s
+# What an invalid request may get: refused (400), naming no row (404: a malformed id), or a
+# method the route lacks (405). Never a 2xx, nor a 409: that would mean it was acted on.
+REJECTED = ["400", "404", "405", "413"]
+BODY_FIELDS = {"PUT /jobs/api/v1/schedules/{code}/cron_override": {"cron_override"}}
+UNKNOWN_FIELD = "unknown field"  # a JSON body with a field its route does not declare
+EVERY_OPERATION = {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
+                   "POST /jobs/api/v1/jobs/{job_id}/retry",
+                   "POST /jobs/api/v1/jobs/{job_id}/skip",
+                   "POST /jobs/api/v1/jobs/{job_id}/cancel",
+                   "GET /jobs/api/v1/schedules",
+                   "POST /jobs/api/v1/schedules/{code}/enable",
+                   "POST /jobs/api/v1/schedules/{code}/disable",
+                   "POST /jobs/api/v1/schedules/{code}/run",
+                   "PUT /jobs/api/v1/schedules/{code}/cron_override",
+                   "DELETE /jobs/api/v1/schedules/{code}/cron_override"}
 
 
 @dataclass(frozen=True)
@@ -55,65 +81,128 @@ def session() -> Iterator[Session]:
         signals.request_finished.connect(close_old_connections)
 
 
-@pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
-def test_no_request_gets_a_server_error(targets: Any, mode: GenerationMode,
-                                        session: Session) -> None:
+@dataclass(frozen=True)
+class Real:
+    code: str  # a declared schedule
+    job_ids: list[int]  # DEAD, DEAD, PENDING, RUNNING
+
+
+@pytest.fixture
+def real(targets: Any) -> Iterator[Real]:
+    """Rows for the generated requests to find: generated ids and codes name none."""
     targets("schema.target")
     targets("schema.long", lane="long")
-    for status in (JobStatus.DEAD, JobStatus.DEAD, JobStatus.PENDING):
-        make_job("schema.target", status=status, key="k")
-    make_job("schema.long", status=JobStatus.RUNNING)
+    jobs = [make_job("schema.target", status=status, key="k")
+            for status in (JobStatus.DEAD, JobStatus.DEAD, JobStatus.PENDING)]
+    jobs.append(make_job("schema.long", status=JobStatus.RUNNING))
     with declared_schedule("schema_sched") as schedule:
-        seen = run_schemathesis(mode, session, schedule.code)
+        yield Real(schedule.code, [job.id for job in jobs])
 
+
+def api_schema(session: Session) -> BaseSchema:
+    schema = schemathesis.openapi.from_wsgi("/jobs/api/v1/openapi.json", session.app)
+    config = schema.config
+    config.generation.update(
+        modes=MODES, max_examples=EXAMPLES, allow_x00=True,
+        # The session cookie is fixed: generated session ids would only meet 401, and a
+        # "negative" case whose only invalid part is that cookie is not negative once sent.
+        with_security_parameters=False)
+    config.checks.update(included_check_names=["not_a_server_error",
+                                               "negative_data_rejection"])
+    config.checks.negative_data_rejection.expected_statuses = REJECTED
+    return schema
+
+
+# How a real id is put in a path: itself, or a near miss that int() or pydantic would read
+# as that id; a near miss names no row (404), so it must never act on the real one.
+SPELLINGS = ["{}", "{}", "{}", "0{}", "+{}", "{}.0", " {}", "{}e0", "{}_0"]
+NEAR_MISS = "near miss"
+
+
+def check(case: Any, session: Session, real: Real, pick: int, spelling: str,
+          seen: dict[str, set[int]]) -> None:
+    """Send one case as the manager, then the configured checks and the error shape. Half
+    the cases name a real row (``pick``): a generated id or code names none; a real id
+    goes in as ``spelling``."""
+    params = case.path_parameters or {}
+    label = f"{case.method} {case.operation.path}"
+    near_miss = False
+    if pick % 2 and "code" in params:
+        params["code"] = real.code
+    if pick % 2 and "job_id" in params:
+        job_id = real.job_ids[pick // 2 % len(real.job_ids)]
+        near_miss = spelling != "{}" and label in EVERY_OPERATION  # not a method it lacks
+        params["job_id"] = spelling.format(job_id) if spelling != "{}" else job_id
+    response = case.call(cookies=session.cookies, headers=session.headers)
+    seen.setdefault(label, set()).add(response.status_code)
+    body = getattr(case, "body", None)
+    if label in EVERY_OPERATION and isinstance(body, dict) \
+            and set(body) - BODY_FIELDS.get(label, set()):
+        seen.setdefault(UNKNOWN_FIELD, set()).add(response.status_code)
+    if near_miss:
+        seen.setdefault(NEAR_MISS, set()).add(response.status_code)
+    detail = (label, params, case.query, body, response.status_code, response.text[:300])
+    assert response.status_code < 500, detail
+    assert not near_miss or response.status_code == 404, detail
+    case.validate_response(response)  # not_a_server_error, negative_data_rejection
+    if response.status_code >= 400 and response.status_code != 405:
+        error = response.json()
+        assert error["status_code"] == response.status_code, detail
+        assert isinstance(error["code"], str) and isinstance(error["message"], list), detail
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generated_requests(mode: GenerationMode, session: Session, real: Real) -> None:
+    schema = api_schema(session)
+    seen: dict[str, set[int]] = {}
+
+    @given(case=schema.as_strategy(generation_mode=mode, cookies=session.cookies,
+                                   headers=session.headers),
+           pick=st.integers(0, 1000), spelling=st.sampled_from(SPELLINGS))
+    @settings(max_examples=schema.config.generation.max_examples, deadline=None,
+              database=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    def call(case: Any, pick: int, spelling: str) -> None:
+        check(case, session, real, pick, spelling, seen)
+
+    call()
+
+    operations = set(seen) - {UNKNOWN_FIELD, NEAR_MISS}
+    if mode is GenerationMode.POSITIVE:
+        assert operations == EVERY_OPERATION, seen
+    else:  # GET /schedules takes no parameter: there is no invalid request of it to make
+        assert operations == EVERY_OPERATION - {"GET /jobs/api/v1/schedules"}, seen
     every = set().union(*seen.values())
     assert not every & {401, 403}, seen  # the manager's session and CSRF token were used
     if mode is GenerationMode.POSITIVE:
         assert 200 in seen["GET /jobs/api/v1/jobs"], seen
         assert 200 in seen["GET /jobs/api/v1/schedules"], seen
         assert 200 in seen["POST /jobs/api/v1/schedules/{code}/disable"], seen  # the real code
+        assert 200 in seen["GET /jobs/api/v1/jobs/{job_id}"], seen  # a real id
     else:
         assert 400 in seen["GET /jobs/api/v1/jobs"], seen
-
-    assert set(seen) >= {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
-                         "POST /jobs/api/v1/jobs/{job_id}/retry",
-                         "POST /jobs/api/v1/jobs/{job_id}/skip",
-                         "POST /jobs/api/v1/jobs/{job_id}/cancel",
-                         "POST /jobs/api/v1/schedules/{code}/enable",
-                         "POST /jobs/api/v1/schedules/{code}/disable",
-                         "POST /jobs/api/v1/schedules/{code}/run",
-                         "PUT /jobs/api/v1/schedules/{code}/cron_override",
-                         "DELETE /jobs/api/v1/schedules/{code}/cron_override"}, seen
-    # GET /schedules takes no parameter, so there is no invalid request of it to generate.
+        assert 404 in seen["POST /jobs/api/v1/jobs/{job_id}/retry"], seen
+        assert 400 in seen["PUT /jobs/api/v1/schedules/{code}/cron_override"], seen
+    assert seen[NEAR_MISS] == {404}, seen  # a real id spelt otherwise names no row
+    assert seen.get(UNKNOWN_FIELD, set()) <= {400, 404}, seen  # 404: and a malformed code
 
 
-def run_schemathesis(mode: GenerationMode, session: Session, code: str
-                     ) -> dict[str, set[int]]:
-    """Call every operation with generated cases; the status codes seen per operation.
-    Half the schedule cases use the real ``code`` (a generated one names no schedule)."""
-    schema = schemathesis.openapi.from_wsgi("/jobs/api/v1/openapi.json", session.app)
+def test_coverage_cases(session: Session, real: Real) -> None:
+    """Schemathesis's deterministic cases per operation, both modes: boundary values (0,
+    2**63, the longest code), wrong types, missing and duplicate parameters, bodies of
+    the wrong shape or with unknown fields."""
+    schema = api_schema(session)
     seen: dict[str, set[int]] = {}
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        config = schema.config.generation_for(operation=operation, phase="coverage")
+        for number, case in enumerate(schema.iter_coverage_cases(
+                operation, generation_modes=MODES, generation_config=config)):
+            check(case, session, real, number, SPELLINGS[number % len(SPELLINGS)], seen)
 
-    cookies, headers = session.cookies, session.headers
-    # The session cookie is fixed: the schema's cookie security scheme would otherwise
-    # get generated (wrong) session ids and every case would stop at 401.
-    @given(case=schema.as_strategy(generation_mode=mode, cookies=cookies, headers=headers),
-           real_code=st.booleans())
-    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
-              phases=[Phase.explicit, Phase.generate],
-              suppress_health_check=list(HealthCheck))
-    def call(case: Any, real_code: bool) -> None:
-        if real_code and "code" in (case.path_parameters or {}):
-            case.path_parameters["code"] = code
-        response = case.call(cookies=cookies, headers=headers)
-        label = f"{case.method} {case.operation.path}"
-        seen.setdefault(label, set()).add(response.status_code)
-        assert response.status_code < 500, (label, case.path_parameters, case.query,
-                                             response.status_code, response.text[:500])
-        if response.status_code >= 400 and response.status_code != 405:
-            body = response.json()
-            assert body["status_code"] == response.status_code, body
-            assert isinstance(body["code"], str) and isinstance(body["message"], list), body
-
-    call()
-    return seen
+    assert set(seen) >= EVERY_OPERATION, seen  # and methods the routes lack: 405
+    assert 404 in seen["POST /jobs/api/v1/jobs/{job_id}/retry"], seen
+    assert 400 in seen["PUT /jobs/api/v1/schedules/{code}/cron_override"], seen
+    # The schema says a body takes no other field, so schemathesis tried unknown ones.
+    unknown = seen.get(UNKNOWN_FIELD, set())
+    assert 400 in unknown and unknown <= {400, 404}, seen

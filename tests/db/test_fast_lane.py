@@ -31,7 +31,6 @@ from jobs_engine.models import Job as JobModel
 from jobs_engine.models import Partition, TargetPause
 from jobs_engine.pauses import PauseGate
 from jobs_engine.registry import Job
-from jobs_engine.signals import job_dead
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race
 
@@ -667,6 +666,43 @@ def test_lease_lost_between_rows_sends_no_further_row(targets: Any, t0: datetime
     assert [job.id for job in calls] == [first]
     assert not JobModel.objects.filter(id=first).exists()
     assert (row(second).status, row(second).attempts) == (JobStatus.PENDING, 0)
+
+
+@pytest.mark.parametrize("kind", ["per-row", "batch-handler", "at-least-once"])
+def test_a_stall_between_the_mark_and_the_hand_off_hands_nothing(
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """A stalls (SIGSTOP, a GC pause) right after marking, long enough to lose its lease:
+    it hands nothing of that partition (its new owner may have sent later versions by
+    now), and leaves the row as it was, its mark cleared, for the next owner. Per-row sends
+    are marked by a statement of their own, the others by the poll's read (PostgreSQL)."""
+    handed: list[Job] = []
+
+    def batch(jobs: Any) -> list[None]:
+        handed.extend(jobs)
+        return [None] * len(jobs)
+
+    target = targets("fl.stalled-mark", handler=handed.append, **{
+        "per-row": {}, "batch-handler": {"batch_handler": batch},
+        "at-least-once": {"delivery_mode": DeliveryMode.AT_LEAST_ONCE}}[kind])
+    a = make_worker("A")
+    job_id = put("fl.stalled-mark", t0, key=keys_in({11}, 1, "stalled")[0])
+
+    def stall(real: Callable[..., Any]) -> Callable[..., Any]:
+        def marked_then_stalled(*args: Any, **kwargs: Any) -> Any:
+            result = real(*args, **kwargs)
+            a.clock.advance(31)
+            return result
+        return marked_then_stalled
+
+    if kind != "per-row":  # the read marks (PostgreSQL), or marks right after (SQLite)
+        monkeypatch.setattr(store, "jobs_fast_poll", stall(store.jobs_fast_poll))
+    else:
+        monkeypatch.setattr(store, "partitions_mark_inflight_if_leased",
+                            stall(store.partitions_mark_inflight_if_leased))
+    assert a.run(t0) == 0
+    assert handed == [] and target.extra["calls"] == []
+    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
+    assert Partition.objects.get(partition=11).inflight_ids == []
 
 
 @pytest.mark.parametrize("mode", [DeliveryMode.AT_MOST_ONCE, DeliveryMode.AT_LEAST_ONCE])

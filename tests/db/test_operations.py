@@ -114,6 +114,28 @@ def test_unknown_or_malformed_ids_are_not_found_and_audited(targets: Any, user: 
     assert AuditRecord.objects.filter(result="refused").count() == 3
 
 
+@pytest.mark.parametrize("spelling", ["0{id}", " {id}", "{id} ", "+{id}", "{id}.0",
+                                      "{id}\n", "{head}_{tail}"])
+def test_a_near_miss_of_a_real_id_is_not_that_job(targets: Any, user: User,
+                                                  spelling: str) -> None:
+    """int() reads " 17", "017" and "1_7" as 17; an operator's action must not."""
+    targets("ops.near")
+    job = make_job("ops.near", status=JobStatus.DEAD)
+    text = str(job.id)
+    raw = spelling.format(id=text, head=text[:1], tail=text[1:] or "0")
+
+    with pytest.raises(JobNotFound):
+        operations.retry_job(raw, user)
+    assert Job.objects.get(id=job.id).status == JobStatus.DEAD
+
+
+def test_audit_text_holds_what_a_request_may_carry(user: User) -> None:
+    record = operations.audit(user, "set_override", "schedule", "code\x00",
+                              ok=False, message="bad \ud800 cron \x00")
+    record.refresh_from_db()
+    assert record.object_id == "code\\x00" and record.message == "bad ? cron \\x00"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_retries_exactly_one_wins(targets: Any) -> None:
     targets("ops.race")

@@ -87,8 +87,13 @@ def test_a_viewer_without_the_manage_permission_gets_no_actions(sched: Schedule)
 
     content = viewer.get(CHANGELIST).content.decode()
     assert sched.code in content and "disable_selected" not in content
-    act(viewer, "disable_selected", [sched])
+    detail = viewer.get(reverse("admin:schedules_schedule_change", args=[sched.pk]))
+    assert detail.status_code == 200 and sched.code in detail.content.decode()
+    for action in ("disable_selected", "run_now_selected", "set_override"):
+        assert act(viewer, action, [sched], cron_override="* * * * *",
+                   apply="Set override").status_code == 403
     assert Schedule.objects.get(pk=sched.pk).enabled is True
+    assert not Job.objects.exists()
     assert not AuditRecord.objects.exists()
 
 

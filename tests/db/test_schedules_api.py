@@ -69,7 +69,8 @@ ROUTES = [("post", "enable"), ("post", "disable"), ("post", "run"), ("put", "cro
 
 
 def call(client: Client, method: str, code: str, action: str) -> Any:
-    body = json.dumps({"cron_override": "*/5 * * * *"})
+    """One route; the override body only where the route takes it."""
+    body = json.dumps({"cron_override": "*/5 * * * *"}) if method == "put" else ""
     return getattr(client, method)(f"{API}/{code}/{action}", body,
                                    content_type="application/json")
 
@@ -284,7 +285,8 @@ def test_a_bad_cron_is_400_invalid_cron_naming_the_problem_and_changes_nothing(
 
 @pytest.mark.parametrize("body", [
     "{}", '{"cron_override": 5}', '{"cron_override": null}', "not json", "[]",
-    '{"cron": "* * * * *"}',
+    '{"cron": "* * * * *"}', '{"cron_override": "* * * * \\ud800"}',
+    '{"cron_override": "\\udfff"}',
 ])
 def test_a_malformed_override_body_is_400_and_changes_nothing(client: Client, sched: Schedule,
                                                               body: str) -> None:
@@ -293,6 +295,37 @@ def test_a_malformed_override_body_is_400_and_changes_nothing(client: Client, sc
                           content_type="application/json")
     assert_error(response, 400, "validation_error")
     assert state(sched.code) == before
+
+
+@pytest.mark.parametrize("extra", [{"cron_overide": "*/5 * * * *"}, {"enabled": False},
+                                   {"timezone": "UTC"}])
+def test_an_unknown_body_field_is_400_naming_it_and_changes_nothing(
+        client: Client, sched: Schedule, extra: dict[str, Any]) -> None:
+    """A client that believes a field is used (a misspelt one, or one this route does not
+    take) learns that it is not, and nothing changes."""
+    before = state(sched.code)
+    body = json.dumps({"cron_override": "*/5 * * * *", **extra})
+    response = client.put(f"{API}/{sched.code}/cron_override", body,
+                          content_type="application/json")
+    messages = assert_error(response, 400, "validation_error")["message"]
+    [name] = extra
+    assert messages == [f"body.body.{name}: unknown field"]
+    assert state(sched.code) == before
+    assert not AuditRecord.objects.exists()
+
+
+@pytest.mark.parametrize("method, action", [r for r in ROUTES if r[0] != "put"])
+def test_a_body_on_a_route_that_takes_none_is_400_and_changes_nothing(
+        client: Client, sched: Schedule, method: str, action: str) -> None:
+    before = state(sched.code)
+    response = getattr(client, method)(f"{API}/{sched.code}/{action}",
+                                       json.dumps({"cron_override": None}),
+                                       content_type="application/json")
+    messages = assert_error(response, 400, "validation_error")["message"]
+    assert messages == ["body.cron_override: unknown field (this route takes no body)"]
+    assert state(sched.code) == before
+    assert not Job.objects.exists()
+    assert not AuditRecord.objects.exists()
 
 
 def test_a_huge_body_is_413_and_changes_nothing(client: Client, sched: Schedule) -> None:
