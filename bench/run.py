@@ -56,9 +56,9 @@ from bench import targets  # noqa: E402
 from jobs_engine import store  # noqa: E402
 from jobs_engine.conf import jobs_settings  # noqa: E402
 from jobs_engine.enqueueing import enqueue, enqueue_many  # noqa: E402
-from jobs_engine.fast_lane import FastLane  # noqa: E402
-from jobs_engine.leases import PartitionLeases, new_worker_id  # noqa: E402
-from jobs_engine.pauses import PauseGate  # noqa: E402
+from jobs_engine.lanes.fast import FastLane  # noqa: E402
+from jobs_engine.lanes.leases import PartitionLeases, new_worker_id  # noqa: E402
+from jobs_engine.lanes.pauses import PauseGate  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 LOGS = RESULTS / "logs"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 
 from jobs_engine import registry
-from jobs_engine.registry import Job
+from jobs_engine.job import Job
 from jobs_engine.states import DeliveryMode, Lane
 
 AT_MOST_ONCE = "bench.noop_at_most_once"

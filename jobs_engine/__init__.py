@@ -1,7 +1,8 @@
 """jobs-engine: the durable, transactional job engine for Django.
 
-The public names load lazily so ``import jobs_engine`` works before the app registry
-is ready (settings modules, ``INSTALLED_APPS``).
+The names below are the public API (docs/architecture.md#the-public-api); every other
+module is the engine's own. They load lazily so ``import jobs_engine`` works before the app
+registry is ready (settings modules, ``INSTALLED_APPS``).
 """
 
 from __future__ import annotations
@@ -10,21 +11,27 @@ from importlib import import_module
 from typing import Any
 
 _PUBLIC = {
+    # enqueue, inside the caller's transaction
     "enqueue": "jobs_engine.enqueueing",
     "enqueue_many": "jobs_engine.enqueueing",
     "next_version": "jobs_engine.enqueueing",
     "EnqueueResult": "jobs_engine.enqueueing",
+    # targets and what their handlers get
     "register_target": "jobs_engine.registry",
-    "Job": "jobs_engine.registry",
+    "Job": "jobs_engine.job",
     "Lane": "jobs_engine.states",
     "DeliveryMode": "jobs_engine.states",
     "JobStatus": "jobs_engine.states",
+    # handler outcomes
     "TargetUnreachable": "jobs_engine.errors",
     "TargetOutcomeUnknown": "jobs_engine.errors",
     "DeadNow": "jobs_engine.errors",
+    # errors a caller may catch
+    "JobsEngineError": "jobs_engine.errors",
     "UnknownTarget": "jobs_engine.errors",
     "DuplicateTarget": "jobs_engine.errors",
     "InvalidJob": "jobs_engine.errors",
+    # the DEAD alert
     "job_dead": "jobs_engine.signals",
 }
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.apps import apps
 from django.core import checks
 
 from jobs_engine.errors import InvalidSettings
@@ -19,14 +18,7 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         current = load_settings()
     except (InvalidSettings, TypeError) as exc:
         return [checks.Error(str(exc), id="jobs_engine.E001", obj="JOBS")]
-    found: list[checks.CheckMessage] = [
+    return [
         checks.Error(f"JOBS[{name!r}] {problem}", id="jobs_engine.E002", obj="JOBS")
         for name, problem in current.problems()
     ]
-    if current.KAFKA and not apps.is_installed("kafka_target"):
-        found.append(checks.Warning(
-            "JOBS['KAFKA'] is set but 'kafka_target' is not in INSTALLED_APPS: no "
-            "kafka:<topic> target is registered and Kafka jobs cannot be enqueued",
-            hint="add 'kafka_target' to INSTALLED_APPS (and pip install 'jobs-engine[kafka]')",
-            id="jobs_engine.W001", obj="JOBS"))
-    return found

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -42,7 +42,6 @@ class JobsSettings:
     # ``/metrics`` answers a request with ``Authorization: Bearer <METRICS_TOKEN>`` (a
     # Prometheus scraper) and logged-in users with the engine's permission; no one else.
     METRICS_TOKEN: str = ""
-    KAFKA: dict[str, Any] = field(default_factory=dict)
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, problem) for every value that cannot work."""
@@ -81,11 +80,20 @@ class JobsSettings:
         return found
 
 
+# Sections of ``JOBS`` that other apps read and check themselves (``kafka_target``'s
+# "KAFKA"): the engine passes over them. One an app not installed would read is unknown.
+_SECTIONS: set[str] = set()
+
+
+def register_section(name: str) -> None:
+    """Let an app keep its settings in ``JOBS[name]`` (call it when the app is imported)."""
+    _SECTIONS.add(name)
+
+
 _NUMBERS = {"int": "whole number", "float": "number",
             "tuple[float, ...]": "list of numbers of seconds"}
 _OTHERS: dict[str, tuple[type, str]] = {"bool": (bool, "True or False"),
-                                         "str": (str, "a string"),
-                                         "dict[str, Any]": (dict, "a dict")}
+                                         "str": (str, "a string")}
 _NUMBER_LISTS = {"RETRY_DELAYS", "IDLE_POLL_S"}
 
 
@@ -119,10 +127,12 @@ def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, st
     environ = os.environ if environ is None else environ
     defaults = JobsSettings()
     known = {f.name for f in dataclasses.fields(JobsSettings)}
-    unknown = sorted(set(given) - known)
+    unknown = sorted(set(given) - known - _SECTIONS)
     if unknown:
-        raise InvalidSettings(f"JOBS has unknown settings: {', '.join(unknown)}")
-    for name in known - {"KAFKA"}:
+        raise InvalidSettings(f"JOBS has unknown settings: {', '.join(map(str, unknown))} (an "
+                              "app that reads a section of JOBS must be in INSTALLED_APPS)")
+    given = {name: value for name, value in given.items() if name in known}
+    for name in known:
         raw = environ.get(f"JOBS_{name}")
         if raw is not None:
             given[name] = _parse_env(name, raw, getattr(defaults, name))

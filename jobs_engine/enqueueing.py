@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 import uuid
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,12 +20,10 @@ from django.utils import timezone
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
-from jobs_engine.context import current_actor, current_trace_id, job_context
+from jobs_engine.context import current_actor, current_trace_id
 from jobs_engine.errors import InvalidJob
-from jobs_engine.handlers import handler_payload
-from jobs_engine.registry import Job, Target, get_target
-
-logger = logging.getLogger("jobs_engine")
+from jobs_engine.lanes import lossy
+from jobs_engine.registry import Target, get_target
 
 MAX_DEDUPE_KEY_LENGTH = 255
 _COLUMN_KEY_LENGTH = 255
@@ -197,7 +193,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     first_claim: set[str] = set()
     for target, row in built:
         if target.lossy:
-            transaction.on_commit(lambda t=target, r=row: _hand_off_lossy(t, r, settings),
+            transaction.on_commit(lambda t=target, r=row: lossy.hand_off(t, r, settings),
                                   using=using)
             results.append(EnqueueResult(inserted=False, job_id=None, lossy=True))
             continue
@@ -228,34 +224,3 @@ def next_version(key: str, using: str | None = None) -> int:
     """The next version of ``key`` (1, 2, ...), atomic inside the caller's transaction."""
     _check_text("key", key, _COLUMN_KEY_LENGTH)
     return store.version_counter_next(key, using)  # one upsert: atomic on its own
-
-
-# -- lossy targets: one try after commit, dropped on failure ----------------------------------
-
-_lossy_pool: ThreadPoolExecutor | None = None
-
-
-def _hand_off_lossy(target: Target, row: store.NewJob, settings: JobsSettings) -> None:
-    global _lossy_pool
-    if not settings.WORKERS:
-        logger.warning("lossy job dropped target=%s dedupe_key=%s reason=JOBS_WORKERS=off",
-                       target.name, row.dedupe_key)
-        return
-    if _lossy_pool is None:
-        _lossy_pool = ThreadPoolExecutor(2, thread_name_prefix="jobs-lossy")
-    _lossy_pool.submit(_run_lossy, target, row)
-
-
-def _run_lossy(target: Target, row: store.NewJob) -> None:
-    job = Job(id=None, target=row.target, code=row.code, key=row.key, version=row.version,
-              payload=handler_payload(target, row.payload_json), headers=row.headers, attempts=0,
-              trace_id=row.trace_id, dedupe_key=row.dedupe_key, actor=row.actor)
-    try:
-        with job_context(row.trace_id, {"via": "system"}):
-            target.handler(job)
-    except Exception as exc:
-        logger.warning("lossy job dropped target=%s dedupe_key=%s error=%r", target.name,
-                       row.dedupe_key, exc)
-    else:
-        logger.info("job run code=%s target=%s dedupe_key=%s attempts=0 result=ok lossy=1",
-                    row.code, row.target, row.dedupe_key)

@@ -1,19 +1,67 @@
-"""Errors of the engine.
+"""Every error the engine raises on purpose derives from ``JobsEngineError``.
 
-Handler outcomes (raised by a target's handler to steer what happens to the row) and
-caller errors (raised at enqueue or registration, before anything is written).
+Four families, each named for the condition:
+
+- caller errors, raised before anything is written: ``UnknownTarget``, ``DuplicateTarget``,
+  ``InvalidJob`` (and ``schedules``' ``InvalidSchedule``, ``DuplicateSchedule``);
+- handler outcomes, raised by a target's handler to steer its row: ``TargetUnreachable``,
+  ``TargetOutcomeUnknown``, ``DeadNow`` (``kafka_target``'s ``KafkaSendError`` is an
+  answered failure);
+- refused operator actions, which changed nothing and carry the API's answer:
+  ``OperationRefused`` and below it ``NotFound`` (``JobNotFound``, ``ScheduleNotFound``),
+  ``InvalidStatus`` and ``schedules``' ``InvalidCron``;
+- configuration: ``InvalidSettings`` (also an ``ImproperlyConfigured``) and
+  ``WorkerUnableToStart``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from django.core.exceptions import ImproperlyConfigured
+
+from jobs_engine.text import clean
 
 
 class JobsEngineError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose; ``code`` names the condition in
+    one word, as the API's answers and the messages' prefixes do."""
+
+    code = "error"
 
 
-# -- handler outcomes -------------------------------------------------------------
+# -- caller errors ------------------------------------------------------------------------
+
+
+class UnknownTarget(JobsEngineError, LookupError):
+    code = "unknown_target"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"unknown_target: no target named {name!r} is registered")
+        self.name = name
+
+
+class DuplicateTarget(JobsEngineError, ValueError):
+    code = "duplicate_target"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"duplicate_target: a target named {name!r} is already registered")
+        self.name = name
+
+
+class InvalidJob(JobsEngineError, ValueError):
+    """A job or target definition is malformed; ``field`` names what is wrong."""
+
+    code = "invalid_job"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid_job: {field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+# -- handler outcomes ---------------------------------------------------------------------
 
 
 class TargetUnreachable(JobsEngineError):
@@ -36,29 +84,54 @@ class DeadNow(JobsEngineError):
     """A resend can never succeed (e.g. the record is invalid): DEAD at once."""
 
 
-# -- caller errors ----------------------------------------------------------------
+# -- refused operator actions -------------------------------------------------------------
 
 
-class UnknownTarget(JobsEngineError, LookupError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"unknown_target: no target named {name!r} is registered")
-        self.name = name
+class OperationRefused(JobsEngineError):
+    """An operator action (admin or API) that changed nothing. ``status_code`` and
+    ``code`` are what the API answers, ``messages`` the lines of its ``message``."""
+
+    status_code = 400
+    code = "validation_error"
+
+    def __init__(self, message: str | Iterable[str], *, status_code: int | None = None,
+                 code: str | None = None) -> None:
+        self.messages = [message] if isinstance(message, str) else list(message)
+        super().__init__("; ".join(self.messages))
+        self.message = "; ".join(self.messages)
+        if status_code is not None:
+            self.status_code = status_code
+        if code is not None:
+            self.code = code
 
 
-class DuplicateTarget(JobsEngineError, ValueError):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"duplicate_target: a target named {name!r} is already registered")
-        self.name = name
+class NotFound(OperationRefused):
+    """No row answers to the id or code given (malformed ones included)."""
+
+    status_code = 404
+    code = "not_found"
 
 
-class InvalidJob(JobsEngineError, ValueError):
-    """A job or target definition is malformed; ``field`` names what is wrong."""
+class JobNotFound(NotFound):
+    def __init__(self, job_id: Any) -> None:
+        super().__init__(f"job {clean(job_id, 40)} does not exist")
+        self.job_id = job_id
 
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"invalid_job: {field}: {problem}")
-        self.field = field
-        self.problem = problem
+
+class InvalidStatus(OperationRefused):
+    """The row is in a state the action refuses (or a concurrent action won)."""
+
+    status_code = 409
+    code = "invalid_status"
+
+
+# -- configuration ------------------------------------------------------------------------
 
 
 class InvalidSettings(JobsEngineError, ImproperlyConfigured):
-    pass
+    """A setting that cannot work; the system checks report it at start-up."""
+
+
+class WorkerUnableToStart(JobsEngineError):
+    """The database cannot be reached or is not migrated when a worker starts: one clear
+    line and a non-zero exit, rather than a worker that looks alive and does nothing."""

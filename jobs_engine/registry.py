@@ -7,33 +7,16 @@ business apps register their targets here.
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 from jobs_engine.errors import DuplicateTarget, InvalidJob, UnknownTarget
+from jobs_engine.job import Job
 from jobs_engine.states import DeliveryMode, Lane
 
 MAX_TARGET_NAME_LENGTH = 200
-
-
-class Job(NamedTuple):
-    """What a handler sees of a row (immutable; a named tuple because the fast lane
-    builds one per row, thousands a second)."""
-
-    id: int | None
-    target: str
-    code: str
-    key: str | None
-    version: int
-    payload: Any
-    headers: dict[str, str]
-    attempts: int
-    trace_id: str
-    dedupe_key: str
-    actor: dict[str, Any] | None = None
-    created_at: datetime | None = None
 
 
 Handler = Callable[[Job], None]
@@ -56,8 +39,9 @@ class Target:
     # Fast lane: rows of this target read in one poll, and so handed in one send when
     # sends take the whole poll (a batch handler, at-least-once). None: JOBS FAST_BATCH.
     batch_size: int | None = None
-    # Handlers get the payload as its stored JSON text (a str), not decoded: for a target
-    # that forwards it as is (the Kafka record value), one decode and encode less per job.
+    # Deprecated: handlers of this target get ``job.payload`` as the stored JSON text. Every
+    # job now carries that text as ``job.payload_json`` and decodes ``payload`` only when
+    # read, so a forwarding handler reads ``payload_json`` instead.
     payload_json: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
 
@@ -110,6 +94,10 @@ def register_target(
                         ("payload_json", payload_json)):
         if not isinstance(value, bool):  # "no" or 0 would pass a truth test the wrong way
             raise InvalidJob(flag, f"must be True or False, got {value!r}")
+    if payload_json:
+        warnings.warn("register_target(payload_json=True) is deprecated: every job carries "
+                      "its stored JSON text as job.payload_json (job.payload is decoded only "
+                      "when read); read that instead", DeprecationWarning, stacklevel=2)
     delays: tuple[float, ...] | None = None
     if retry_delays is not None:
         delays = tuple(retry_delays)

@@ -1,10 +1,17 @@
-"""The explicit enums of the engine: job states, lanes and delivery modes.
+"""The job state machine, read from one place: every status, every allowed transition.
 
-A job row moves only along the transitions in ``ALLOWED_TRANSITIONS``; a finished
-row is deleted rather than kept, so "done" is normally the absence of a row.
+A job row is PENDING until it runs; the long lane holds it RUNNING under a lease; DEAD
+is where it rests when it will not run again on its own (kept for operators until they
+retry or skip it, or retention removes it). A finished row is deleted (``None`` below).
+
+Every status change of the engine is a ``Transition`` made here: the store takes a
+statement's statuses from it, so a write outside ``ALLOWED`` fails when its module is
+imported, and ``test_states`` checks that each allowed transition has its statement.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from django.db import models
 
@@ -13,7 +20,6 @@ class JobStatus(models.TextChoices):
     PENDING = "PENDING", "Pending"
     RUNNING = "RUNNING", "Running"  # long lane only; the fast lane marks its partition instead
     DEAD = "DEAD", "Dead"
-    DONE = "DONE", "Done"  # reserved for retention policies (docs/design.md#jobs-and-their-states)
 
 
 class Lane(models.TextChoices):
@@ -26,9 +32,44 @@ class DeliveryMode(models.TextChoices):
     AT_LEAST_ONCE = "at_least_once", "At least once"
 
 
-ALLOWED_TRANSITIONS: dict[JobStatus, frozenset[JobStatus]] = {
-    JobStatus.PENDING: frozenset({JobStatus.RUNNING, JobStatus.DEAD}),
-    JobStatus.RUNNING: frozenset({JobStatus.PENDING, JobStatus.DEAD}),
-    JobStatus.DEAD: frozenset({JobStatus.PENDING}),  # admin retry
-    JobStatus.DONE: frozenset(),
+PENDING, RUNNING, DEAD = JobStatus.PENDING, JobStatus.RUNNING, JobStatus.DEAD
+DELETED = None  # the row is gone: done, skipped, cancelled or pruned
+
+# (from, to) -> what makes the engine take it (docs/design.md#jobs-and-their-states).
+ALLOWED: dict[tuple[JobStatus | None, JobStatus | None], str] = {
+    (DELETED, PENDING): "enqueue",
+    (PENDING, PENDING): "fast lane: answered failure (retried later) or target unreachable",
+    (PENDING, RUNNING): "long lane: reserved under a claim token and a lease",
+    (PENDING, DEAD): "fast lane: dead outcome, or presumed by a takeover of the row in flight",
+    (PENDING, DELETED): "fast lane: done; operator: cancel",
+    (RUNNING, PENDING): "long lane: retried, unreachable, or its expired lease rescued",
+    (RUNNING, DEAD): "long lane: dead outcome, or presumed by the rescue of an expired lease",
+    (RUNNING, DELETED): "long lane: done; operator: cancel before the handler started",
+    (DEAD, PENDING): "operator: retry; or the holder's late outcome replaces a presumed DEAD",
+    (DEAD, DEAD): "the holder's late outcome replaces a presumed DEAD",
+    (DEAD, DELETED): "operator: skip; retention; or the holder's late done outcome",
 }
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A statement's status change: from any of ``sources`` to ``target``."""
+
+    sources: tuple[JobStatus, ...]
+    target: JobStatus | None
+
+    @property
+    def source_values(self) -> list[str]:
+        return [status.value for status in self.sources]
+
+
+used: set[tuple[JobStatus | None, JobStatus | None]] = set()
+
+
+def transition(*sources: JobStatus | None, to: JobStatus | None) -> Transition:
+    """The transition a statement makes; raises when the state machine has no such edge."""
+    for source in sources:
+        if (source, to) not in ALLOWED:
+            raise ValueError(f"no transition from {source} to {to} in jobs_engine.states")
+        used.add((source, to))
+    return Transition(tuple(s for s in sources if s is not None), to)

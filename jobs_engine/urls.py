@@ -15,7 +15,7 @@ from importlib.util import find_spec
 from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path, re_path
 
-from jobs_engine.metrics import metrics_view
+from jobs_engine.operators.metrics import metrics_view
 
 
 def _missing_api(request: HttpRequest, *args: object, **kwargs: object) -> HttpResponse:
@@ -27,7 +27,7 @@ def _missing_api(request: HttpRequest, *args: object, **kwargs: object) -> HttpR
 def _api_patterns() -> list[URLPattern | URLResolver]:
     if find_spec("ninja") is None:
         return [re_path(r"^api/v1/", _missing_api)]
-    from jobs_engine.api import api, not_found_view
+    from jobs_engine.operators.api import api, not_found_view
 
     return [path("api/v1/", api.urls), re_path(r"^api/v1/", not_found_view)]
 

@@ -10,7 +10,12 @@ import logging
 
 from django.apps import AppConfig
 
+from jobs_engine.conf import register_section
+
 logger = logging.getLogger("kafka_target")
+
+# The Kafka settings are this app's section of ``JOBS``; the engine passes over it.
+register_section("KAFKA")
 
 
 class KafkaTargetConfig(AppConfig):
@@ -18,14 +23,13 @@ class KafkaTargetConfig(AppConfig):
     verbose_name = "Kafka target"
 
     def ready(self) -> None:
-        from jobs_engine.conf import jobs_settings
         from jobs_engine.errors import InvalidSettings
         from kafka_target import checks  # noqa: F401  registers the system check
-        from kafka_target.settings import parse_kafka_settings
+        from kafka_target.settings import configured
         from kafka_target.target import register_topics
 
         try:
-            kafka = parse_kafka_settings(jobs_settings().KAFKA)
+            kafka = configured()
         except (InvalidSettings, TypeError) as exc:
             # The system check reports it and stops every management command (workers
             # included) at start-up; registering half a configuration would be worse.

@@ -22,17 +22,13 @@ MISSING_EXTRA = ("kafka_target is in INSTALLED_APPS but confluent-kafka is not i
 
 def kafka_settings_problem() -> str | None:
     """Why the configured Kafka settings cannot work, or None."""
-    from django.conf import settings
-
     if find_spec("confluent_kafka") is None:
         return MISSING_EXTRA
 
-    from kafka_target.settings import parse_kafka_settings
+    from kafka_target.settings import configured
 
-    jobs = getattr(settings, "JOBS", {})
-    raw = jobs.get("KAFKA", {}) if isinstance(jobs, dict) else {}
     try:
-        kafka = parse_kafka_settings(raw)
+        kafka = configured()
     except InvalidSettings as exc:
         return str(exc)
     if not kafka.bootstrap_servers:

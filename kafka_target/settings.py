@@ -236,6 +236,14 @@ def _client(value: Any) -> dict[str, Any]:
     return dict(value)
 
 
+def configured() -> KafkaSettings:
+    """The project's ``JOBS["KAFKA"]`` with its environment overrides."""
+    from django.conf import settings
+
+    jobs = getattr(settings, "JOBS", {})
+    return parse_kafka_settings(jobs.get("KAFKA", {}) if isinstance(jobs, dict) else {})
+
+
 def parse_kafka_settings(raw: Any, environ: Mapping[str, str] | None = None) -> KafkaSettings:
     """``JOBS["KAFKA"]`` (plus its environment overrides) as ``KafkaSettings``.
 

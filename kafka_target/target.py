@@ -40,8 +40,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
-from jobs_engine.registry import Job, Target, register_target, unregister_target
+from jobs_engine.errors import DeadNow, JobsEngineError, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.job import Job
+from jobs_engine.registry import Target, register_target, unregister_target
 from jobs_engine.states import Lane
 from kafka_target.producer import KafkaProducer, OutMessage, ProducerUnavailable, get_producer
 from kafka_target.settings import QUEUE_WAIT_S, SEND_DEADLINE_S, KafkaSettings, TopicSpec
@@ -81,7 +82,7 @@ BATCH_REFUSALS = frozenset({"MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVA
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 
 
-class KafkaSendError(Exception):
+class KafkaSendError(JobsEngineError):
     """An answered Kafka error that a later resend may fix (the retry path)."""
 
     def __init__(self, message: str, code: str = "") -> None:
@@ -93,14 +94,20 @@ def error_name(err: Any) -> str:
     return str(err.name())
 
 
-def classify(err: Any, topic: str, client_error: str = "") -> BaseException | None:
+def classify(err: Any, topic: str, client_error: str = "", *, alone_unchecked: bool = False
+             ) -> BaseException | None:
     """The handler outcome for one delivery report error (None: delivered).
 
-    ``client_error`` (the client's last connection error, if any) explains a purge.
+    ``client_error`` (the client's last connection error, if any) explains a purge;
+    ``alone_unchecked``: the record's batch was refused and no time was left to send it
+    alone, so the refusal may be about another record (the retry path, not DEAD).
     """
     if err is None:
         return None
     name = error_name(err)
+    if alone_unchecked:
+        return KafkaSendError(f"kafka refused the record batch for {topic} ({name}); no time "
+                              "left to send this record alone", name)
     text = f"{name} ({err.str()})"
     if name == "_PURGE_QUEUE":
         text = (f"{text}: no broker took it within {QUEUE_WAIT_S:g} s"
@@ -137,8 +144,7 @@ def traceparent(trace_id: str) -> str:
     return f"00-{w3c_trace_id(trace_id)}-{span:016x}-01"
 
 
-# One encoder for every record: ``json.dumps`` with options builds a new one per call.
-_VALUE_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+# One encoder for every header: ``json.dumps`` with options builds a new one per call.
 _HEADER_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
@@ -151,15 +157,12 @@ def _header_value(value: Any) -> bytes | None:
 
 
 def build_message(job: Job, topic: str) -> OutMessage:
-    """The Kafka record of ``job``; raises ``DeadNow`` for an empty value.
-
-    The lanes hand the payload as its stored JSON text (the target is registered with
-    ``payload_json``), sent as is; any other value, a payload decoded by hand, is encoded.
-    """
-    payload = job.payload
-    if payload is None or payload == "null":
+    """The Kafka record of ``job``: its payload's stored JSON text, sent as is (no decode
+    and encode per record); raises ``DeadNow`` for an empty value."""
+    text = job.payload_json
+    if text is None or text == "null":
         raise DeadNow(f"kafka refused the record for {topic}: empty value (payload is None)")
-    value = (payload if type(payload) is str else _VALUE_ENCODER.encode(payload)).encode()
+    value = text.encode()
     trace_id = job.trace_id
     headers: list[tuple[str, bytes | None]] = [("event_id", str(job.id).encode())]
     if trace_id:
@@ -216,8 +219,6 @@ class KafkaTarget:
                 messages.append((index, build_message(job, topic)))
             except DeadNow as exc:
                 outcomes[index] = exc
-            except ValueError as exc:  # a payload JSON cannot carry (NaN)
-                outcomes[index] = DeadNow(f"kafka refused the record for {topic}: {exc}")
         if not messages:
             return outcomes
         deadline = time.monotonic() + SEND_DEADLINE_S
@@ -242,11 +243,8 @@ class KafkaTarget:
         telling = [e for e in producer.client_errors if not e.startswith("_ALL_BROKERS_DOWN")]
         client_error = (telling or producer.client_errors or [""])[-1]
         for (index, message), err in zip(messages, errors, strict=True):
-            outcomes[index] = classify(err, message.topic, client_error)
-            if index in unchecked:  # refused with its batch, maybe for another record
-                outcomes[index] = KafkaSendError(
-                    f"kafka refused the record batch for {message.topic} ({error_name(err)}); "
-                    "no time left to send this record alone", error_name(err))
+            outcomes[index] = classify(err, message.topic, client_error,
+                                       alone_unchecked=index in unchecked)
         return outcomes
 
 
@@ -255,7 +253,7 @@ def register_topic(spec: TopicSpec, settings: KafkaSettings) -> Target:
     kafka = KafkaTarget(spec, settings)
     target = register_target(spec.target, kafka.handler, lane=Lane.FAST,
                              delivery_mode=spec.delivery_mode, batch_handler=kafka.send,
-                             batch_size=settings.batch_size, payload_json=True)
+                             batch_size=settings.batch_size)
     target.extra["kafka"] = kafka
     return target
 

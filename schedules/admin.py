@@ -3,9 +3,8 @@ the schedule's zone), last run and last skip with its reason; actions enable, di
 set override (an intermediate form that validates the cron in each schedule's zone), clear
 override and run now.
 
-Rows are never edited here: every action calls ``schedules.operations`` (which calls
-``schedules.services`` and writes the audit record). Users with
-``jobs_engine.manage_jobs`` see and act, as on the jobs pages.
+Rows are never edited here: every action calls ``schedules.operations``, which writes the
+audit record. Users with ``jobs_engine.manage_jobs`` see and act, as on the jobs pages.
 """
 
 from __future__ import annotations
@@ -15,15 +14,16 @@ from datetime import datetime
 from typing import Any
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin import helpers
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
-from jobs_engine.admin import BULK_LIMIT, ManagedAdmin
-from jobs_engine.operations import OperationRefused, audit
+from jobs_engine.errors import OperationRefused
+from jobs_engine.operators.actions import audit
+from jobs_engine.operators.admin_base import BULK_LIMIT, ManagedAdmin, run_bulk
 from schedules import operations
 from schedules.models import Schedule
 
@@ -111,23 +111,10 @@ class ScheduleAdmin(ManagedAdmin):
     def _each(self, request: HttpRequest, queryset: QuerySet, verb: str,
               action: Callable[[str, Any], Any],
               describe: Callable[[str, Any], str] | None = None) -> None:
-        """Run ``action(code, user)`` on each selected schedule; one message for the done
-        ones (with ``describe(code, result)`` details) and one for the refused."""
-        done, refused = [], []
-        for code in list(queryset.order_by("code").values_list("code", flat=True)
-                         [:BULK_LIMIT]):
-            try:
-                result = action(code, request.user)
-            except OperationRefused as exc:
-                refused.append(exc.message)
-                continue
-            done.append(describe(code, result) if describe else code)
-        if done:
-            self.message_user(request, f"{verb} {len(done)} schedule(s): {', '.join(done)}.",
-                              messages.SUCCESS)
-        if refused:
-            self.message_user(request, f"Refused {len(refused)}: {'; '.join(refused)}",
-                              messages.WARNING)
+        """``run_bulk`` over the selected codes, each named in the message."""
+        codes = list(queryset.order_by("code").values_list("code", flat=True)[:BULK_LIMIT + 1])
+        run_bulk(self, request, codes, verb, "schedule", action,
+                 describe or (lambda code, _result: code))
 
     @admin.action(description="Enable selected schedules", permissions=["manage"])
     def enable_selected(self, request: HttpRequest, queryset: QuerySet) -> None:

@@ -1,8 +1,8 @@
 """The schedules routes of the JSON API (``/api/v1/schedules``).
 
-``SchedulesConfig.ready()`` attaches ``router`` to ``jobs_engine.api.api``, so the engine
+``SchedulesConfig.ready()`` attaches ``router`` to ``jobs_engine.operators.api.api``, so the engine
 imports nothing of this app. Auth, CSRF, permission checks and the error shape are the
-API's own (see ``jobs_engine.api``); every action goes through ``schedules.operations``,
+API's own (see ``jobs_engine.operators.api``); every action goes through ``schedules.operations``,
 which writes the audit record. Errors: 404 ``not_found`` for an unknown or malformed code,
 400 ``invalid_cron`` for a bad override (nothing changed), 400 ``validation_error`` for a
 query parameter, a body field no route uses or a body sent to a route that takes none,
@@ -17,8 +17,8 @@ from typing import Annotated, Any
 from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
-from jobs_engine.api import BodyIn, errors
-from schedules import operations, services
+from jobs_engine.operators.api import BodyIn, errors
+from schedules import operations
 from schedules.declarations import MAX_CODE_LENGTH
 from schedules.models import Schedule
 
@@ -86,7 +86,7 @@ router = Router(tags=["schedules"])
 def list_schedules(request: HttpRequest) -> dict[str, Any]:
     """Every schedule row, sorted by code; next run in UTC and in the schedule's zone.
     Query parameters are refused (there are no filters)."""
-    return {"data": [schedule_out(row) for row in services.list_schedules()]}
+    return {"data": [schedule_out(row) for row in operations.list_schedules()]}
 
 
 @router.post("/{code}/enable", response={200: ScheduleOut, **errors(404, 413)},
@@ -131,7 +131,7 @@ _attached: list[bool] = []
 
 def attach() -> None:
     """Add the routes to the engine's API, once (before its URLs are first built)."""
-    from jobs_engine.api import api
+    from jobs_engine.operators.api import api
 
     if not _attached:
         api.add_router("/schedules", router)

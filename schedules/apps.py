@@ -18,12 +18,16 @@ class SchedulesConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from jobs_engine.worker import SCHEDULES, register_service
+        from jobs_engine.lanes.worker import SCHEDULES, register_service
+        from schedules.declarations import set_slot_runner
+        from schedules.runner import run_slot
         from schedules.tick import worker_service
 
         # The engine imports no schedules code: workers that run the schedules lane
-        # (tick_schedules, run_workers) get the tick from this hook.
+        # (tick_schedules, run_workers) get the tick from this hook, and a slot's job runs
+        # through the runner handed to the declarations.
         register_service(SCHEDULES, worker_service)
+        set_slot_runner(run_slot)
         # Likewise the API (the ``api`` extra): the schedules routes join the engine's
         # NinjaAPI from here.
         if find_spec("ninja") is not None:

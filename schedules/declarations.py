@@ -17,7 +17,8 @@ from datetime import UTC, datetime, timedelta
 from django.db import models
 
 from jobs_engine.errors import DuplicateTarget
-from jobs_engine.registry import Handler, Job, register_target, unregister_target
+from jobs_engine.job import Job
+from jobs_engine.registry import Handler, register_target, unregister_target
 from jobs_engine.states import DeliveryMode, Lane
 from schedules.cron import CronSpec, parse_cron
 from schedules.errors import DuplicateSchedule, InvalidSchedule
@@ -34,7 +35,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 # A schedule whose slots come this often or more skips late slots unless told otherwise;
 # a rarer one runs the newest missed slot once.
 SKIP_BY_DEFAULT_UP_TO = timedelta(minutes=5)
-_CODE = re.compile(r"^[A-Za-z0-9_.-]+$")
+CODE = re.compile(r"[A-Za-z0-9_.-]+")  # what a schedule code may be
 
 SlotHandler = Callable[[datetime, Job], None]
 
@@ -75,11 +76,24 @@ def default_policy(spec: CronSpec) -> MissedSlotPolicy:
             else MissedSlotPolicy.RUN_ONCE)
 
 
+# What runs a slot's job: ``schedules.runner.run_slot``, set by the app's ``ready()``. The
+# runner reads the schedules table, which does not exist yet when ``declare()`` is called
+# (from an app's ``ready()``); handing it over here keeps this module below the runner.
+SlotRunner = Callable[[str, Job], None]
+_slot_runner: SlotRunner | None = None
+
+
+def set_slot_runner(runner: SlotRunner) -> None:
+    global _slot_runner
+    _slot_runner = runner
+
+
 def _slot_job_handler(code: str) -> Handler:
     def handle(job: Job) -> None:
-        from schedules.runner import run_slot  # models load only once apps are ready
-
-        run_slot(code, job)
+        if _slot_runner is None:
+            raise RuntimeError("the schedules app is not ready: add 'schedules' to "
+                               "INSTALLED_APPS")
+        _slot_runner(code, job)
 
     handle.__name__ = handle.__qualname__ = f"schedule_slot[{code}]"
     return handle
@@ -106,7 +120,7 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
     ``DuplicateSchedule`` (the code is declared already) or ``InvalidSchedule``; nothing is
     registered then.
     """
-    if not isinstance(code, str) or not _CODE.match(code):
+    if not isinstance(code, str) or not CODE.fullmatch(code):
         raise InvalidSchedule("code", "must be a non-empty string of letters, digits, '_', '.' "
                                       f"or '-', got {code!r}")
     if len(code) > MAX_CODE_LENGTH:

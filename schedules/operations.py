@@ -1,110 +1,71 @@
-"""Operator actions on schedules, shared by the Django admin and the JSON API.
+"""Operator actions on schedules, for the Django admin, the JSON API and code.
 
-Each action calls ``schedules.services`` and writes an ``AuditRecord`` (through
-``jobs_engine.operations.audit``) in the same transaction: who, when, what, on which
-schedule, and whether it was done or refused. A refusal is audited, then raised as an
-``OperationRefused`` the API already answers in its one error shape: 404 ``not_found``
-(unknown or malformed code), 400 ``invalid_cron`` (a bad override; nothing changed) and
-409 ``invalid_status`` (run now of a row no code declares any more).
+Each action runs through the engine's ``act``: one change and its ``AuditRecord`` (who,
+when, what, on which schedule, done or refused) in one transaction. It takes the decision
+time ``now`` (the database clock when omitted) and refuses with ``ScheduleNotFound`` (404,
+also for a malformed code), ``InvalidCron`` (400 ``invalid_cron``, a bad override) or
+``InvalidStatus`` (409, run now of a row no code declares any more); a refusal changes
+nothing.
 """
 
 from __future__ import annotations
 
-import logging
-import re
-from collections.abc import Callable
 from datetime import UTC, datetime, timezone
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db import transaction
-
-from jobs_engine.enqueueing import EnqueueResult
-from jobs_engine.operations import Actor, InvalidStatus, OperationRefused, audit
-from schedules import services
-from schedules.cron import load_zone, parse_cron
-from schedules.declarations import MAX_CODE_LENGTH, get_declaration
+from jobs_engine import store
+from jobs_engine.enqueueing import EnqueueResult, enqueue
+from jobs_engine.errors import InvalidStatus
+from jobs_engine.operators.actions import act
+from schedules.cron import cron_spec, load_zone, parse_cron
+from schedules.declarations import (
+    CODE,
+    MAX_CODE_LENGTH,
+    get_declaration,
+    slot_iso,
+    target_name,
+)
 from schedules.errors import InvalidCron, ScheduleNotFound
 from schedules.models import Schedule
-
-logger = logging.getLogger("jobs_engine.schedules")
+from schedules.sync import row_spec
 
 SCHEDULE = "schedule"
 ENABLE, DISABLE, OVERRIDE, CLEAR_OVERRIDE, RUN_NOW = (
     "enable", "disable", "set_override", "clear_override", "run_now")
-_CODE = re.compile(r"^[A-Za-z0-9_.-]+$")  # what ``declare()`` accepts
-
-class ScheduleMissing(OperationRefused):
-    """No schedule has this code (API: 404 ``not_found``)."""
-
-    code = "not_found"
-    status_code = 404
-
-    def __init__(self, code: Any) -> None:
-        super().__init__(f"schedule {str(code)[:120]!r} does not exist")
-        self.schedule_code = code
-
-
-class CronRefused(OperationRefused):
-    """A cron override that cannot be used (API: 400 ``invalid_cron``); nothing changed."""
-
-    code = "invalid_cron"
-    status_code = 400
-
-    def __init__(self, exc: InvalidCron) -> None:
-        field = "cron_override" if exc.field == "cron" else exc.field
-        text = exc.cron if isinstance(exc.cron, str) else repr(exc.cron)
-        shown = text if len(text) <= 80 else text[:80] + "…"
-        super().__init__(f"{field} {shown!r}: {exc.problem}")
-        self.problem = exc.problem
 
 
 def check_code(raw: Any) -> str:
     """A code as ``declare()`` accepts it; anything else names no row (404), and never
     reaches the database (PostgreSQL text refuses a NUL)."""
     text = raw if isinstance(raw, str) else str(raw)
-    if not _CODE.match(text) or len(text) > MAX_CODE_LENGTH:
-        raise ScheduleMissing(raw)
+    if not CODE.fullmatch(text) or len(text) > MAX_CODE_LENGTH:
+        raise ScheduleNotFound(raw)
     return text
 
 
+def get_schedule(code: Any) -> Schedule:
+    row = Schedule.objects.filter(code=check_code(code)).first()
+    if row is None:
+        raise ScheduleNotFound(code)
+    return row
+
+
+def list_schedules() -> list[Schedule]:
+    return list(Schedule.objects.order_by("code"))
+
+
 def check_cron(cron: Any, schedule: Schedule) -> str:
-    """``cron`` validated in the schedule's zone, normalised as it would be stored;
-    ``CronRefused`` names the problem. Audits nothing (the admin form validates first)."""
+    """``cron`` as an override of ``schedule``: validated in its zone and normalised as it
+    would be stored; ``InvalidCron`` names the problem. Audits nothing (the admin form
+    validates before it acts)."""
     try:
         return parse_cron(cron, schedule.timezone).expression
     except InvalidCron as exc:
-        raise CronRefused(exc) from None
+        raise exc.for_field("cron_override") from None
 
 
-def _act[T](action: str, raw_code: Any, actor: Any,
-             attempt: Callable[[str], tuple[T, str]]) -> T:
-    """Run ``attempt(code)`` and its audit record in one transaction; ``attempt`` returns
-    (result, audit message). Refusals are audited (outside the failed transaction), then
-    raised."""
-    refused: OperationRefused | None = None
-    try:
-        code = check_code(raw_code)
-        with transaction.atomic():
-            result, message = attempt(code)
-            audit(actor, action, SCHEDULE, code, ok=True, message=message)
-    except ScheduleNotFound:
-        refused = ScheduleMissing(raw_code)
-    except InvalidCron as exc:
-        refused = CronRefused(exc)
-    except OperationRefused as exc:
-        refused = exc
-    if refused is not None:
-        audit(actor, action, SCHEDULE, raw_code, ok=False, message=refused.message)
-        raise refused
-    logger.info("schedule %s code=%s by=%s %s", action, code, Actor.of(actor).username,
-                message)
-    return result
-
-
-def next_run_text(row: Schedule) -> str:
-    """The next slot as the audit trail and messages show it: in the schedule's zone."""
-    return local_text(row.next_run_at, row.timezone)
+# -- time in the schedule's zone ----------------------------------------------------------
 
 
 def zone_of(name: str) -> ZoneInfo | timezone:
@@ -126,66 +87,97 @@ def local_text(moment: datetime | None, zone_name: str) -> str:
     return "-" if local is None else local.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-# -- the actions ---------------------------------------------------------------------------
+def next_run_text(row: Schedule) -> str:
+    """The next slot as the audit trail and messages show it: in the schedule's zone."""
+    return local_text(row.next_run_at, row.timezone)
 
 
-def enable(code: Any, actor: Any) -> Schedule:
+# -- the actions --------------------------------------------------------------------------
+
+
+def enable(code: Any, actor: Any = None, now: datetime | None = None) -> Schedule:
     """Enable (a no-op on an enabled row, still audited); slots missed while disabled are
     dropped: the next slot is the first after now."""
     def attempt(code: str) -> tuple[Schedule, str]:
-        was = services.get_schedule(code).enabled
-        row = services.enable(code)
-        note = "already enabled; " if was else ""
-        return row, f"{note}next run {next_run_text(row)}"
+        row = get_schedule(code)
+        if row.enabled:
+            return row, f"already enabled; next run {next_run_text(row)}"
+        when = now or store.db_now()
+        Schedule.objects.filter(pk=row.pk, enabled=False).update(
+            enabled=True, next_run_at=row_spec(row).next_after(when), updated_at=when)
+        row = get_schedule(code)
+        return row, f"next run {next_run_text(row)}"
 
-    return _act(ENABLE, code, actor, attempt)
+    return act(ENABLE, SCHEDULE, code, actor, check_code, attempt)
 
 
-def disable(code: Any, actor: Any) -> Schedule:
-    """Disable: no new slots; a slot already enqueued still runs."""
+def disable(code: Any, actor: Any = None, now: datetime | None = None) -> Schedule:
+    """Disable: the tick makes no new slots; a slot already enqueued still runs."""
     def attempt(code: str) -> tuple[Schedule, str]:
-        was = services.get_schedule(code).enabled
-        row = services.disable(code)
-        return row, "" if was else "already disabled"
+        row = get_schedule(code)
+        if not row.enabled:
+            return row, "already disabled"
+        Schedule.objects.filter(pk=row.pk).update(enabled=False,
+                                                  updated_at=now or store.db_now())
+        return get_schedule(code), ""
 
-    return _act(DISABLE, code, actor, attempt)
+    return act(DISABLE, SCHEDULE, code, actor, check_code, attempt)
 
 
-def set_cron_override(code: Any, cron: Any, actor: Any) -> Schedule:
-    """Run on ``cron`` (read in the schedule's zone) instead of the declared cron. A bad
-    cron is ``CronRefused`` naming the problem, and changes nothing."""
+def set_cron_override(code: Any, cron: Any, actor: Any = None,
+                      now: datetime | None = None) -> Schedule:
+    """Run on ``cron`` (read in the schedule's zone) instead of the declared cron; the next
+    slot follows it. A bad cron is ``InvalidCron`` naming the problem, and changes nothing."""
     def attempt(code: str) -> tuple[Schedule, str]:
-        row = services.set_cron_override(code, cron)
+        row = get_schedule(code)
+        when = now or store.db_now()
+        try:
+            spec = parse_cron(cron, row.timezone, now=when)
+        except InvalidCron as exc:
+            raise exc.for_field("cron_override") from None
+        Schedule.objects.filter(pk=row.pk).update(
+            cron_override=spec.expression, next_run_at=spec.next_after(when), updated_at=when)
+        row = get_schedule(code)
         return row, f"cron_override {row.cron_override!r}; next run {next_run_text(row)}"
 
-    return _act(OVERRIDE, code, actor, attempt)
+    return act(OVERRIDE, SCHEDULE, code, actor, check_code, attempt)
 
 
-def clear_cron_override(code: Any, actor: Any) -> Schedule:
+def clear_cron_override(code: Any, actor: Any = None, now: datetime | None = None) -> Schedule:
     """Back to the declared cron (a no-op on a row without override, still audited)."""
     def attempt(code: str) -> tuple[Schedule, str]:
-        was = services.get_schedule(code).cron_override
-        row = services.clear_cron_override(code)
+        row = get_schedule(code)
+        was = row.cron_override
+        when = now or store.db_now()
+        Schedule.objects.filter(pk=row.pk).update(
+            cron_override=None, next_run_at=cron_spec(row.cron, row.timezone).next_after(when),
+            updated_at=when)
+        row = get_schedule(code)
         before = f"was {was!r}" if was else "had no override"
         return row, f"{before}; next run {next_run_text(row)}"
 
-    return _act(CLEAR_OVERRIDE, code, actor, attempt)
+    return act(CLEAR_OVERRIDE, SCHEDULE, code, actor, check_code, attempt)
 
 
-def run_now(code: Any, actor: Any) -> EnqueueResult:
-    """One extra run for the current second. A second request within the same second
-    inserts nothing (``inserted`` False). A row whose schedule no code declares any more
-    (left by an earlier deployment) cannot run: ``InvalidStatus``."""
+def run_now(code: Any, actor: Any = None, now: datetime | None = None) -> EnqueueResult:
+    """One extra run for the current time (to the second), besides the regular slots.
+
+    Its dedupe key ``<code>:run-now:<time>`` makes a repeated request within the same
+    second a no-op (``inserted`` False). It waits like any slot while another run of the
+    code is RUNNING, and it is never skipped as late. A row whose schedule no code declares
+    any more (left by an earlier deployment) cannot run: ``InvalidStatus``.
+    """
     def attempt(code: str) -> tuple[EnqueueResult, str]:
-        services.get_schedule(code)
+        get_schedule(code)
         if get_declaration(code) is None:
             raise InvalidStatus(f"schedule {code!r} is not declared in this deployment's "
                                 "code (a row left by an earlier one); run now needs a "
                                 "declared schedule")
-        result = services.run_now(code)
+        slot = (now or store.db_now()).replace(microsecond=0)
+        result = enqueue(target_name(code), {"slot": slot_iso(slot), "run_now": True},
+                         code=code, dedupe_key=f"{code}:run-now:{slot_iso(slot)}")
         if result.inserted:
             return result, f"job {result.job_id} enqueued"
         return result, "already requested within this second; no new job"
 
-    return _act(RUN_NOW, code, actor, attempt)
-
+    return act(RUN_NOW, SCHEDULE, code, actor, check_code, attempt)

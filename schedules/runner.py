@@ -21,8 +21,8 @@ from datetime import datetime, timedelta
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.errors import DeadNow
-from jobs_engine.models import Job as JobModel
-from jobs_engine.registry import Job
+from jobs_engine.job import Job
+from jobs_engine.models import Job as JobTable
 from jobs_engine.states import JobStatus
 from schedules.cron import load_zone
 from schedules.declarations import (
@@ -32,8 +32,8 @@ from schedules.declarations import (
     slot_iso,
     target_name,
 )
+from schedules.history import record_run_finished, record_run_started, record_skip
 from schedules.models import Schedule
-from schedules.rows import record_run_finished, record_run_started, record_skip
 
 logger = logging.getLogger("jobs_engine.schedules")
 
@@ -96,7 +96,7 @@ def _late_start_reason(declaration: Declaration, job: Job, slot: datetime, late_
 
 
 def _newer_pending_slot(code: str, job_id: int | None, slot: datetime) -> datetime | None:
-    payloads = JobModel.objects.filter(target=target_name(code), status=JobStatus.PENDING) \
+    payloads = JobTable.objects.filter(target=target_name(code), status=JobStatus.PENDING) \
         .exclude(id=job_id).values_list("payload", flat=True)
     newer = []
     for payload in payloads:

@@ -34,12 +34,12 @@ from schedules.declarations import (
     slot_iso,
     target_name,
 )
+from schedules.history import skip_updates
 from schedules.models import Schedule
-from schedules.rows import skip_updates
 from schedules.sync import row_spec, sync_declared
 
 if TYPE_CHECKING:
-    from jobs_engine.worker import WorkerProcess
+    from jobs_engine.lanes.worker import WorkerProcess
 
 logger = logging.getLogger("jobs_engine.schedules")
 
@@ -148,5 +148,5 @@ class TickService:
 
 
 def worker_service(worker: WorkerProcess) -> Callable[[], float]:
-    """The factory ``schedules`` registers with ``jobs_engine.worker.register_service``."""
+    """The factory ``schedules`` registers with ``jobs_engine.lanes.worker.register_service``."""
     return TickService(worker.settings)

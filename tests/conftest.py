@@ -11,7 +11,8 @@ from django.db import connection
 
 from jobs_engine import registry
 from jobs_engine.conf import JobsSettings, load_settings
-from jobs_engine.registry import Job, Target
+from jobs_engine.job import Job
+from jobs_engine.registry import Target
 
 
 @pytest.fixture

@@ -57,9 +57,9 @@ def fast_poller(prefix: str = "fast") -> Callable[[datetime], int]:
     """One fast-lane worker: a function that heartbeats (taking its partitions) and polls
     once at the given time."""
     from jobs_engine import conf, store
-    from jobs_engine.fast_lane import FastLane
-    from jobs_engine.leases import PartitionLeases
-    from jobs_engine.pauses import PauseGate
+    from jobs_engine.lanes.fast import FastLane
+    from jobs_engine.lanes.leases import PartitionLeases
+    from jobs_engine.lanes.pauses import PauseGate
 
     settings = conf.jobs_settings()
     worker_id = f"{prefix}-{uuid.uuid4().hex[:6]}"

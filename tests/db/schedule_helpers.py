@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
-from jobs_engine.registry import Job
+from jobs_engine.job import Job
 from schedules import declare, sync_declared
 from schedules.declarations import undeclare
 from schedules.models import Schedule

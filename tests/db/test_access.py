@@ -24,7 +24,6 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from jobs_engine.api import api
 from jobs_engine.models import (
     AuditRecord,
     Job,
@@ -33,7 +32,8 @@ from jobs_engine.models import (
     TargetPause,
     Worker,
 )
-from jobs_engine.operations import audit
+from jobs_engine.operators.actions import audit
+from jobs_engine.operators.api import api
 from jobs_engine.states import JobStatus
 from schedules.models import Schedule
 from tests.db.operator_helpers import make_job, manager, staff

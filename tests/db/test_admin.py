@@ -18,10 +18,11 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from jobs_engine import conf, queries, store
+from jobs_engine import conf, store
 from jobs_engine.enqueueing import enqueue_many
-from jobs_engine.leases import PartitionLeases
+from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.models import AuditRecord, Job, TargetPause
+from jobs_engine.operators import queries
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job, manager, staff
 from tests.helpers import FakeMonotonic
@@ -286,7 +287,7 @@ def engine_admins() -> list[tuple[str, Any]]:
     """Every admin page of the engine's and the schedules' models."""
     from django.contrib import admin
 
-    from jobs_engine.admin import ManagedAdmin
+    from jobs_engine.operators.admin_base import ManagedAdmin
 
     return sorted(((f"{model._meta.app_label}_{model._meta.model_name}", model_admin)
                    for model, model_admin in admin.site._registry.items()

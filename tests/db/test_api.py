@@ -13,9 +13,10 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from jobs_engine import queries, store
-from jobs_engine.api import MAX_BODY_BYTES
+from jobs_engine import store
 from jobs_engine.models import AuditRecord, Job, Partition
+from jobs_engine.operators import queries
+from jobs_engine.operators.api import MAX_BODY_BYTES
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job, manager, staff
 from tests.helpers import race

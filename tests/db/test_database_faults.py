@@ -16,14 +16,15 @@ from typing import Any
 import pytest
 from django.db import OperationalError
 
-from jobs_engine import conf, outcomes, store
+from jobs_engine import conf, store
 from jobs_engine.enqueueing import enqueue
-from jobs_engine.long_lane import LongLane
+from jobs_engine.job import Job
+from jobs_engine.lanes import outcomes
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.outage import Outages, backoff_s, is_database_fault
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import Partition, Worker
-from jobs_engine.outage import Outages, backoff_s, is_database_fault
-from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.db.test_fast_lane import keys_in, make_worker
 from tests.helpers import FakeMonotonic
@@ -222,7 +223,7 @@ def test_a_late_long_lane_outcome_replaces_a_rescue_presumed_dead(
 
     closed, _ = store.jobs_long_rescue_expired(now + 301 * SECOND)
     assert [c.id for c in closed] == [job_id]
-    result = outcomes.RunResult(reserved, outcomes.Outcome.succeeded(), 5.0)
+    result = outcomes.RunResult(reserved, outcomes.Outcome.ok(), 5.0)
     written = outcomes.record(store.Guard(Lane.LONG, "tok-a"), [result],
                               now + 302 * SECOND, settings)
     assert written == [result]

@@ -42,8 +42,9 @@ from jobs_engine import (
 from jobs_engine.conf import JobsSettings
 from jobs_engine.context import RequestContextMiddleware, job_context
 from jobs_engine.enqueueing import partition_for
+from jobs_engine.job import Job as HandlerJob
+from jobs_engine.lanes import lossy as lossy_lane
 from jobs_engine.models import Job, VersionCounter, Worker
-from jobs_engine.registry import Job as HandlerJob
 from jobs_engine.registry import Target
 from tests.conftest import is_postgres
 from tests.helpers import fast_poller
@@ -66,10 +67,10 @@ def drain_lossy_pool() -> None:
     Shutting the pool down (and letting the next hand-off make a new one) waits for every
     submitted send, whichever of the pool's threads runs it; no blind sleep.
     """
-    pool = enqueueing._lossy_pool
+    pool = lossy_lane._pool
     if pool is not None:
         pool.shutdown(wait=True)
-        enqueueing._lossy_pool = None
+        lossy_lane._pool = None
 
 
 @pytest.fixture(autouse=True)

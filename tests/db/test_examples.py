@@ -28,10 +28,10 @@ from examples.orders import (
     update_order_status,
 )
 from jobs_engine import conf, registry, store
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases
+from jobs_engine.lanes.fast import FastLane
+from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job, TargetPause, VersionCounter
-from jobs_engine.pauses import PauseGate
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from kafka_target.producer import close_producers
 from kafka_target.settings import parse_kafka_settings

@@ -25,12 +25,12 @@ from jobs_engine import conf, registry, store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.enqueueing import enqueue, enqueue_many, partition_for
 from jobs_engine.errors import DeadNow, TargetUnreachable
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases
+from jobs_engine.job import Job
+from jobs_engine.lanes.fast import FastLane
+from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import Partition, TargetPause
-from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race
 
@@ -572,7 +572,7 @@ def test_every_run_logs_one_line(targets: Any, t0: datetime,
     pattern = (r"job run code={0} target={0} dedupe_key={1} attempts={2} "
                r"duration_ms=\d+\.\d result={3}$")
     assert any(re.match(pattern.format("fl.ok", "ok-1", 0, "ok"), line) for line in lines)
-    assert any(re.match(pattern.format("fl.bad", "bad-1", 1, "retry"), line) for line in lines)
+    assert any(re.match(pattern.format("fl.bad", "bad-1", 1, "retried"), line) for line in lines)
 
 
 def test_batch_handler_gets_all_rows_of_a_poll_in_one_call(targets: Any, t0: datetime) -> None:
@@ -751,8 +751,8 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
     """A's outcomes are written under its token but its mark is still there (a crash
     between the two in an engine that did not write them together): B's takeover leaves
     the written rows alone and clears the mark."""
-    from jobs_engine import outcomes
-    from jobs_engine.outcomes import Outcome, RunResult
+    from jobs_engine.lanes import outcomes
+    from jobs_engine.lanes.outcomes import Outcome, RunResult
 
     targets("fl.written")
     keys = keys_in({30}, 2, "written")
@@ -766,7 +766,7 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
         a.leases.worker_id, t0, {30: [retried, closed]}, token,
         [(30, retried, 0), (30, closed, 0)]) == {30}
     outcomes.write(store.Guard(Lane.FAST, token), [
-        RunResult(rows[retried], Outcome.retry(t0 + 60 * SECOND, "answered"), 1.0),
+        RunResult(rows[retried], Outcome.retried(t0 + 60 * SECOND, "answered"), 1.0),
         RunResult(rows[closed], Outcome.dead("DeadNow: invalid"), 1.0)], t0, conf.jobs_settings())
 
     later = t0 + 31 * SECOND

@@ -20,11 +20,11 @@ from jobs_engine import store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.enqueueing import enqueue
 from jobs_engine.errors import TargetUnreachable
-from jobs_engine.long_lane import LongLane
+from jobs_engine.job import Job
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
-from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job
 from jobs_engine.states import DeliveryMode, JobStatus
 from tests.helpers import FakeMonotonic, race
 
@@ -199,7 +199,7 @@ def test_worker_whose_claim_was_taken_over_cannot_finish(
     assert (kept.status, kept.attempts, kept.claim_token) == (JobStatus.PENDING, 1, None)
     results = [r.getMessage().rsplit("result=", 1)[1] for r in caplog.records
                if r.getMessage().startswith("job run ")]
-    assert results == ["retry", "lost"]
+    assert results == ["retried", "lost"]
     assert a.in_hand() == 0
 
 

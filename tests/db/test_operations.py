@@ -1,6 +1,6 @@
-"""Operator actions (``jobs_engine.operations``): retry, skip and cancel guarded on the
+"""Operator actions (``jobs_engine.operators.actions``): retry, skip and cancel guarded on the
 row's state, races with exactly one winner, refusals that change nothing, and an audit
-record for every attempt (docs/operations.md#access)."""
+record for every attempt (docs/actions.md#access)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 
-from jobs_engine import operations, store
+from jobs_engine import store
+from jobs_engine.job import Job as HandlerJob
 from jobs_engine.models import AuditRecord, Job, TargetPause
-from jobs_engine.operations import Actor, InvalidStatus, JobNotFound, OperationRefused
-from jobs_engine.registry import Job as HandlerJob
+from jobs_engine.operators import actions
+from jobs_engine.operators.actions import Actor, InvalidStatus, JobNotFound, OperationRefused
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job, manager
 from tests.helpers import fast_poller, race
@@ -42,7 +43,7 @@ def test_retry_puts_a_dead_row_back_to_pending_due_now(targets: Any, user: User,
     targets("ops.retry")
     job = make_job("ops.retry", status=JobStatus.DEAD)
 
-    returned = operations.retry_job(job.id, user, now=now)
+    returned = actions.retry_job(job.id, user, now=now)
 
     row = Job.objects.get(id=job.id)
     assert returned.id == job.id and returned.status == JobStatus.PENDING
@@ -61,7 +62,7 @@ def test_retry_clears_a_long_lane_claim(targets: Any, user: User, now: datetime)
     job = make_job("ops.retry.long", status=JobStatus.DEAD, claimed_by="w1", claim_token="t1",
                    lease_until=now, started_at=now, running_code="ops.retry.long")
 
-    operations.retry_job(job.id, user, now=now)
+    actions.retry_job(job.id, user, now=now)
 
     row = Job.objects.get(id=job.id)
     assert (row.claimed_by, row.claim_token, row.lease_until, row.started_at,
@@ -75,7 +76,7 @@ def test_a_retried_row_runs_again_on_the_fast_lane(targets: Any, user: User,
     poll = fast_poller()
     assert poll(now) == 0  # DEAD rows are never read
 
-    operations.retry_job(job.id, user, now=now)
+    actions.retry_job(job.id, user, now=now)
 
     assert poll(now + timedelta(seconds=1)) == 1
     assert [call.id for call in target.extra["calls"]] == [job.id]
@@ -88,7 +89,7 @@ def test_retry_refuses_a_row_that_is_not_dead(targets: Any, user: User, status: 
     job = make_job("ops.retry.refused", status=status, attempts=2)
 
     with pytest.raises(InvalidStatus, match=f"is {status}; retry needs a DEAD row") as caught:
-        operations.retry_job(job.id, user)
+        actions.retry_job(job.id, user)
 
     assert caught.value.status_code == 409 and caught.value.code == "invalid_status"
     row = Job.objects.get(id=job.id)
@@ -105,7 +106,7 @@ def test_unknown_or_malformed_ids_are_not_found_and_audited(targets: Any, user: 
     targets("ops.ids")
     job = make_job("ops.ids", status=JobStatus.DEAD)
 
-    for action in (operations.retry_job, operations.skip_job, operations.cancel_job):
+    for action in (actions.retry_job, actions.skip_job, actions.cancel_job):
         with pytest.raises(JobNotFound) as caught:
             action(raw, user)
         assert caught.value.status_code == 404 and caught.value.code == "not_found"
@@ -125,12 +126,12 @@ def test_a_near_miss_of_a_real_id_is_not_that_job(targets: Any, user: User,
     raw = spelling.format(id=text, head=text[:1], tail=text[1:] or "0")
 
     with pytest.raises(JobNotFound):
-        operations.retry_job(raw, user)
+        actions.retry_job(raw, user)
     assert Job.objects.get(id=job.id).status == JobStatus.DEAD
 
 
 def test_audit_text_holds_what_a_request_may_carry(user: User) -> None:
-    record = operations.audit(user, "set_override", "schedule", "code\x00",
+    record = actions.audit(user, "set_override", "schedule", "code\x00",
                               ok=False, message="bad \ud800 cron \x00")
     record.refresh_from_db()
     assert record.object_id == "code\\x00" and record.message == "bad ? cron \\x00"
@@ -145,7 +146,7 @@ def test_two_concurrent_retries_exactly_one_wins(targets: Any) -> None:
     def attempt(who: User) -> Callable[[], str]:
         def run() -> str:
             try:
-                operations.retry_job(job.id, who)
+                actions.retry_job(job.id, who)
             except InvalidStatus:
                 return "refused"
             return "ok"
@@ -167,7 +168,7 @@ def test_skip_deletes_a_dead_row_and_logs_skipped(targets: Any, user: User,
     job = make_job("ops.skip", status=JobStatus.DEAD, code="ops.skip.code")
 
     with caplog.at_level(logging.INFO, logger="jobs_engine"):
-        removed = operations.skip_job(job.id, user)
+        removed = actions.skip_job(job.id, user)
 
     assert removed.id == job.id and removed.status == JobStatus.DEAD
     assert not Job.objects.filter(id=job.id).exists()
@@ -181,7 +182,7 @@ def test_skip_refuses_a_pending_row(targets: Any, user: User) -> None:
     job = make_job("ops.skip.pending")
 
     with pytest.raises(InvalidStatus, match="skip needs a DEAD row"):
-        operations.skip_job(job.id, user)
+        actions.skip_job(job.id, user)
 
     assert Job.objects.filter(id=job.id, status=JobStatus.PENDING).exists()
     assert [r.result for r in audits("skip")] == ["refused"]
@@ -196,7 +197,7 @@ def test_cancel_removes_a_pending_row(targets: Any, user: User,
     job = make_job("ops.cancel", key="k1")
 
     with caplog.at_level(logging.INFO, logger="jobs_engine"):
-        removed = operations.cancel_job(job.id, user)
+        removed = actions.cancel_job(job.id, user)
 
     assert removed.status == JobStatus.PENDING
     assert not Job.objects.filter(id=job.id).exists()
@@ -214,7 +215,7 @@ def test_cancel_of_a_held_key_head_frees_the_later_versions(targets: Any, user: 
     poll = fast_poller()
     assert poll(now) == 0  # the head waits for its retry and holds version 2
 
-    operations.cancel_job(head.id, user)
+    actions.cancel_job(head.id, user)
 
     assert poll(now + timedelta(seconds=1)) == 1
     assert [call.id for call in target.extra["calls"]] == [later.id]
@@ -225,7 +226,7 @@ def test_cancel_refuses_a_fast_row_in_flight(targets: Any, user: User, now: date
 
     def handler(job: HandlerJob) -> None:  # the row is in flight while its handler runs
         try:
-            operations.cancel_job(job.id, user)
+            actions.cancel_job(job.id, user)
         except OperationRefused as exc:
             refusals.append(exc)
 
@@ -248,7 +249,7 @@ def test_cancel_removes_a_long_row_reserved_but_not_started(targets: Any, user: 
     [reserved] = store.jobs_long_reserve("w1", "tok", now, 300, 10, targets=["ops.cancel.long"])
     assert reserved.id == job.id
 
-    removed = operations.cancel_job(job.id, user)
+    removed = actions.cancel_job(job.id, user)
 
     assert removed.status == JobStatus.RUNNING
     assert not Job.objects.filter(id=job.id).exists()
@@ -264,7 +265,7 @@ def test_cancel_refuses_a_long_row_whose_handler_started(targets: Any, user: Use
     assert store.job_long_mark_started(job.id, "tok", now)
 
     with pytest.raises(InvalidStatus, match="handler has started"):
-        operations.cancel_job(job.id, user)
+        actions.cancel_job(job.id, user)
 
     assert Job.objects.get(id=job.id).status == JobStatus.RUNNING
 
@@ -274,7 +275,7 @@ def test_cancel_refuses_a_dead_row(targets: Any, user: User) -> None:
     job = make_job("ops.cancel.dead", status=JobStatus.DEAD)
 
     with pytest.raises(InvalidStatus, match="is DEAD"):
-        operations.cancel_job(job.id, user)
+        actions.cancel_job(job.id, user)
 
     assert Job.objects.filter(id=job.id, status=JobStatus.DEAD).exists()
 
@@ -285,11 +286,11 @@ def test_cancel_refuses_a_dead_row(targets: Any, user: User) -> None:
 def test_resume_ends_a_pause_and_refuses_a_target_not_paused(user: User, now: datetime) -> None:
     store.pause_set("ops.paused", now, 30, "TargetUnreachable: connection refused")
 
-    operations.resume_target("ops.paused", user)
+    actions.resume_target("ops.paused", user)
 
     assert not TargetPause.objects.filter(target="ops.paused").exists()
     with pytest.raises(OperationRefused, match="not paused"):
-        operations.resume_target("ops.paused", user)
+        actions.resume_target("ops.paused", user)
     assert [r.result for r in audits("resume")] == ["ok", "refused"]
 
 

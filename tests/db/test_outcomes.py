@@ -19,13 +19,13 @@ import pytest
 from jobs_engine import conf, store
 from jobs_engine.enqueueing import enqueue
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases
-from jobs_engine.long_lane import LongLane
+from jobs_engine.job import Job
+from jobs_engine.lanes.fast import FastLane
+from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
-from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job
 from jobs_engine.states import DeliveryMode, JobStatus
 from tests.helpers import FakeMonotonic
 
@@ -184,7 +184,7 @@ def test_every_run_logs_one_line_with_its_fields(run_one: Any, lane: str,
     assert len(lines) == 1
     name = after.target
     assert re.fullmatch(rf"job run code={name} target={name} dedupe_key={name}:1 attempts=1 "
-                        r"duration_ms=\d+\.\d result=retry", lines[0])
+                        r"duration_ms=\d+\.\d result=retried", lines[0])
 
 
 @pytest.mark.parametrize("lane", LANES)
@@ -231,7 +231,7 @@ def test_error_text_with_nul_is_stored_cleaned_and_the_row_goes_dead(
         assert row.attempts == n
         assert "\x00" not in row.last_error
     assert (row.status, row.closed_at) == (JobStatus.DEAD, t0 + 182 * SECOND)
-    assert row.last_error == "RuntimeError: badbody? (attempt 3 of 3)"
+    assert row.last_error == "RuntimeError: bad\\x00body? (attempt 3 of 3)"
     assert [s["job_id"] for s in dead_signals] == [job_id]
     assert poll(t0 + 3600 * SECOND) == 0
     assert len(calls) == 3

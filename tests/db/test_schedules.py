@@ -23,12 +23,13 @@ from django.core.management import call_command
 
 from jobs_engine.conf import load_settings
 from jobs_engine.errors import UnknownTarget
-from jobs_engine.long_lane import LongLane
+from jobs_engine.job import Job
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.lanes.worker import SCHEDULES, WorkerProcess
 from jobs_engine.models import Job as JobModel
-from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job, get_target
+from jobs_engine.registry import get_target
 from jobs_engine.states import DeliveryMode, Lane
-from jobs_engine.worker import FAST, LONG, SCHEDULES, WorkerProcess
 from schedules import (
     DuplicateSchedule,
     InvalidCron,
@@ -36,8 +37,8 @@ from schedules import (
     MissedSlotPolicy,
     ScheduleNotFound,
     declare,
+    operations,
     runner,
-    services,
     sync_declared,
 )
 from schedules.declarations import Declaration, declared, undeclare
@@ -272,8 +273,8 @@ def test_sync_overwrites_code_owned_fields_and_keeps_enabled_and_cron_override(
         schedule: Callable[..., Declared], h0: datetime) -> None:
     d = schedule("t_own", "0 * * * *", max_attempts=2)
     sync_declared(h0 - MINUTE)
-    services.disable(d.code, now=h0)
-    services.set_cron_override(d.code, "0 9 * * *", now=h0)
+    operations.disable(d.code, now=h0)
+    operations.set_cron_override(d.code, "0 9 * * *", now=h0)
     # A new release declares the same code differently.
     undeclare(d.code)
     declare(d.code, "*/30 * * * *", lambda slot, job: None, timezone="Asia/Bangkok",
@@ -599,7 +600,7 @@ def test_one_running_row_per_code_across_workers(
         if slot != t0:
             return
         tick(t0 + MINUTE + SECOND)
-        services.run_now(d.code, now=t0 + MINUTE + SECOND)
+        operations.run_now(d.code, now=t0 + MINUTE + SECOND)
         run_lane(other, clock, t0 + MINUTE + 2 * SECOND)
         seen["statuses"] = sorted(j.status for j in jobs(d.code))
         seen["running"] = JobModel.objects.filter(code=d.code, status="RUNNING").count()
@@ -653,7 +654,7 @@ def test_disable_makes_no_new_slot_but_an_enqueued_slot_still_runs(
     d = schedule("t_off", "* * * * *")
     sync_declared(t0 - 30 * SECOND)
     tick(t0 + SECOND)
-    assert services.disable(d.code, now=t0 + 2 * SECOND).enabled is False
+    assert operations.disable(d.code, now=t0 + 2 * SECOND).enabled is False
     assert tick(t0 + MINUTE + SECOND).enqueued == []
     assert tick(t0 + 10 * MINUTE).enqueued == []
     run_lane(long_worker("w"), clock, t0 + 3 * SECOND)
@@ -664,9 +665,9 @@ def test_enable_after_disable_drops_the_slots_missed_while_disabled(
         schedule: Callable[..., Declared], t0: datetime) -> None:
     d = schedule("t_on", "* * * * *")
     sync_declared(t0 - 30 * SECOND)
-    services.disable(d.code, now=t0 - 20 * SECOND)
+    operations.disable(d.code, now=t0 - 20 * SECOND)
     back = t0 + 10 * MINUTE + 30 * SECOND
-    r = services.enable(d.code, now=back)
+    r = operations.enable(d.code, now=back)
     assert (r.enabled, r.next_run_at) == (True, t0 + 11 * MINUTE)
     assert tick(back).enqueued == []
     assert tick(t0 + 11 * MINUTE + SECOND).enqueued == [(d.code, t0 + 11 * MINUTE)]
@@ -677,7 +678,7 @@ def test_enable_on_an_enabled_schedule_keeps_its_next_slot(
         schedule: Callable[..., Declared], t0: datetime) -> None:
     d = schedule("t_on2", "* * * * *")
     sync_declared(t0 - 30 * SECOND)
-    assert services.enable(d.code, now=t0 + 5 * MINUTE).next_run_at == t0
+    assert operations.enable(d.code, now=t0 + 5 * MINUTE).next_run_at == t0
 
 
 # -- cron override -----------------------------------------------------------------------------
@@ -688,12 +689,12 @@ def test_cron_override_moves_the_next_slot_and_the_tick_follows_it_until_cleared
     d = schedule("t_ovr", "0 * * * *")
     sync_declared(h0 - 20 * MINUTE)
     assert row(d.code).next_run_at == h0
-    r = services.set_cron_override(d.code, "*/5 * * * *", now=h0 - 12 * MINUTE)
+    r = operations.set_cron_override(d.code, "*/5 * * * *", now=h0 - 12 * MINUTE)
     assert (r.cron_override, r.effective_cron, r.next_run_at) == (
         "*/5 * * * *", "*/5 * * * *", h0 - 10 * MINUTE)
     tick(h0 - 10 * MINUTE + SECOND)
     tick(h0 - 5 * MINUTE + SECOND)
-    r = services.clear_cron_override(d.code, now=h0 - 4 * MINUTE)
+    r = operations.clear_cron_override(d.code, now=h0 - 4 * MINUTE)
     assert (r.cron_override, r.next_run_at) == (None, h0)
     tick(h0 - 4 * MINUTE + SECOND)
     tick(h0 + SECOND)
@@ -708,7 +709,7 @@ def test_an_invalid_override_raises_invalid_cron_and_changes_nothing(
     before = row(d.code)
     for bad in ("61 * * * *", "not a cron", "0 0 30 2 *", ""):
         with pytest.raises(InvalidCron) as raised:
-            services.set_cron_override(d.code, bad, now=h0 - 30 * SECOND)
+            operations.set_cron_override(d.code, bad, now=h0 - 30 * SECOND)
         assert raised.value.code == "invalid_cron"
     after = row(d.code)
     assert (after.cron_override, after.next_run_at, after.updated_at) == (
@@ -719,12 +720,12 @@ def test_an_invalid_override_raises_invalid_cron_and_changes_nothing(
 
 
 @pytest.mark.parametrize("call", [
-    lambda code: services.get_schedule(code),
-    lambda code: services.enable(code),
-    lambda code: services.disable(code),
-    lambda code: services.set_cron_override(code, "* * * * *"),
-    lambda code: services.clear_cron_override(code),
-    lambda code: services.run_now(code),
+    lambda code: operations.get_schedule(code),
+    lambda code: operations.enable(code),
+    lambda code: operations.disable(code),
+    lambda code: operations.set_cron_override(code, "* * * * *"),
+    lambda code: operations.clear_cron_override(code),
+    lambda code: operations.run_now(code),
 ])
 def test_admin_operations_on_an_unknown_code_raise_not_found(
         call: Callable[[str], Any]) -> None:
@@ -740,10 +741,10 @@ def test_run_now_enqueues_one_extra_job_for_now_and_is_dedupe_safe(
     d = schedule("t_now", "0 0 1 1 *")
     sync_declared(t0 - MINUTE)
     at = t0 + 5 * SECOND + timedelta(microseconds=250_000)
-    first = services.run_now(d.code, now=at)
-    again = services.run_now(d.code, now=at + timedelta(microseconds=500_000))
+    first = operations.run_now(d.code, now=at)
+    again = operations.run_now(d.code, now=at + timedelta(microseconds=500_000))
     assert first.inserted and not again.inserted and again.job_id == first.job_id
-    later = services.run_now(d.code, now=at + SECOND)
+    later = operations.run_now(d.code, now=at + SECOND)
     assert later.inserted
     [job, _] = jobs(d.code)
     assert job.dedupe_key == f"{d.code}:run-now:{iso(t0 + 5 * SECOND)}"
@@ -760,9 +761,9 @@ def test_run_now_enqueues_one_extra_job_for_now_and_is_dedupe_safe(
 
 
 def test_run_workers_gets_the_tick_through_the_registered_service() -> None:
-    everything = WorkerProcess({FAST, LONG, SCHEDULES}, SETTINGS)
+    everything = WorkerProcess({Lane.FAST, Lane.LONG, SCHEDULES}, SETTINGS)
     assert [type(s) for s in everything.services] == [TickService]
-    assert WorkerProcess({FAST, LONG}, SETTINGS).services == []
+    assert WorkerProcess({Lane.FAST, Lane.LONG}, SETTINGS).services == []
 
 
 def test_tick_service_syncs_then_wakes_for_the_next_slot_capped_at_tick_s(

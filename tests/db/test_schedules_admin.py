@@ -198,7 +198,7 @@ def test_run_now_of_a_row_no_code_declares_is_refused_with_a_message(client: Cli
     response = act(client, "run_now_selected", [row])
 
     [message] = messages_of(response)
-    assert message.startswith("Refused 1: schedule 'gone_from_code' is not declared")
+    assert message.startswith("Refused 1 schedule(s): schedule 'gone_from_code' is not declared")
     assert not Job.objects.exists()
     assert audits() == [("manager", "run_now", "schedule", "gone_from_code", "refused")]
 

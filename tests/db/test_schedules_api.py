@@ -17,8 +17,8 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs_engine import store
-from jobs_engine.api import MAX_BODY_BYTES
 from jobs_engine.models import AuditRecord, Job
+from jobs_engine.operators.api import MAX_BODY_BYTES
 from schedules.models import Schedule
 from tests.db.operator_helpers import manager, staff
 from tests.db.schedule_helpers import declared_schedule, state

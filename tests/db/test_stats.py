@@ -16,16 +16,18 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from prometheus_client.parser import text_string_to_metric_families
 
-from jobs_engine import conf, metrics, outcomes, store
+from jobs_engine import conf, store
 from jobs_engine.conf import load_settings
 from jobs_engine.errors import DeadNow, TargetUnreachable
-from jobs_engine.long_lane import LongLane
+from jobs_engine.job import Job as HandlerJob
+from jobs_engine.lanes import outcomes
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.lanes.retention import DeadPruner, prune_dead
+from jobs_engine.lanes.worker import WorkerProcess
 from jobs_engine.models import Job, JobStat
-from jobs_engine.pauses import PauseGate
-from jobs_engine.registry import Job as HandlerJob
-from jobs_engine.retention import DeadPruner, prune_dead
+from jobs_engine.operators import metrics
 from jobs_engine.states import JobStatus
-from jobs_engine.worker import WorkerProcess
 from tests.db.operator_helpers import make_job
 from tests.helpers import FakeMonotonic, fast_poller
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:
-    from jobs_engine.registry import Job
+    from jobs_engine.job import Job
 
 LOG_DIR_ENV = "JOBS_FAULTS_LOG_DIR"
 

@@ -118,7 +118,7 @@ def seed(user):
     # One row of each engine model, made by the engine's own functions.
     from jobs_engine import enqueue, store
     from jobs_engine.conf import jobs_settings
-    from jobs_engine.operations import audit
+    from jobs_engine.operators.actions import audit
     from schedules.sync import sync_declared
     from shop.jobs import MAIL_SEND
 

@@ -27,9 +27,9 @@ import pytest
 
 from jobs_engine import conf, registry, store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases
-from jobs_engine.pauses import PauseGate
+from jobs_engine.lanes.fast import FastLane
+from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target
 from kafka_target.producer import close_producers
 from kafka_target.settings import parse_kafka_settings

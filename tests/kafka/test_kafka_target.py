@@ -26,9 +26,9 @@ from django.db import connection
 from jobs_engine import conf
 from jobs_engine.enqueueing import enqueue, partition_for
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.job import Job
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
-from jobs_engine.registry import Job
 from jobs_engine.states import DeliveryMode, JobStatus
 from kafka_target.producer import producers
 from kafka_target.settings import parse_kafka_settings

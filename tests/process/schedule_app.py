@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:
-    from jobs_engine.registry import Job
+    from jobs_engine.job import Job
 
 CODE = "proc_tick"
 CRON_ENV = "JOBS_TEST_SCHEDULE_CRON"

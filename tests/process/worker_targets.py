@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from django.apps import AppConfig
 
 if TYPE_CHECKING:
-    from jobs_engine.registry import Job
+    from jobs_engine.job import Job
 
 OUT_DIR_ENV = "JOBS_TEST_OUT_DIR"
 

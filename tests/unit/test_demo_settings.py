@@ -128,7 +128,7 @@ def every_route() -> list[tuple[str, str]]:
     (from its OpenAPI schema) and the other URLs of the demo, with sample ids."""
     from django.contrib import admin
 
-    from jobs_engine.api import api
+    from jobs_engine.operators.api import api
 
     routes = [("GET", "/admin/"), ("GET", "/admin/login/"), ("POST", "/admin/login/"),
               ("GET", "/jobs/metrics"), ("GET", "/nothing-here"), ("GET", "/jobs/api/v1/x")]

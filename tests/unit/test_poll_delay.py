@@ -9,20 +9,20 @@ import pytest
 
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable, UnknownTarget
-from jobs_engine.outcomes import Outcome, OutcomeKind, judge, retry_delay_s
+from jobs_engine.job import Job
+from jobs_engine.lanes.outcomes import Outcome, OutcomeKind, judge, retry_delay_s
+from jobs_engine.lanes.worker import next_poll_delay
 from jobs_engine.registry import Target
 from jobs_engine.states import DeliveryMode, Lane
-from jobs_engine.store import JobRow
-from jobs_engine.worker import next_poll_delay
 
 NOW = datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)
 SETTINGS = load_settings({}, environ={})
 
 
-def job_row(attempts: int = 0, mode: DeliveryMode = DeliveryMode.AT_MOST_ONCE) -> JobRow:
-    return JobRow(id=1, target="t", code="t", key="k", version=1, payload_json=None, headers={},
-                  attempts=attempts, trace_id="", dedupe_key="d", actor=None, partition=0,
-                  delivery_mode=mode.value, created_at=None)
+def job_row(attempts: int = 0, mode: DeliveryMode = DeliveryMode.AT_MOST_ONCE) -> Job:
+    return Job(id=1, target="t", code="t", key="k", version=1, payload_json=None, headers={},
+               attempts=attempts, trace_id="", dedupe_key="d", actor=None, partition=0,
+               delivery_mode=mode.value, created_at=None)
 
 
 def target(mode: DeliveryMode = DeliveryMode.AT_MOST_ONCE, **kwargs: object) -> Target:
@@ -64,14 +64,14 @@ def test_retry_delay_with_a_short_list() -> None:
 
 
 def test_success() -> None:
-    assert judge(job_row(), target(), None, NOW, SETTINGS) == Outcome.succeeded()
+    assert judge(job_row(), target(), None, NOW, SETTINGS) == Outcome.ok()
 
 
 @pytest.mark.parametrize("mode", list(DeliveryMode))
 def test_unreachable_pauses_and_spends_nothing(mode: DeliveryMode) -> None:
     outcome = judge(job_row(), target(mode), TargetUnreachable("refused"), NOW, SETTINGS)
     assert (outcome.kind, outcome.pause_target, outcome.spend_attempt) == (
-        OutcomeKind.UNREACHABLE, True, False)
+        OutcomeKind.PAUSED, True, False)
     assert outcome.error == "TargetUnreachable: refused"
 
 
@@ -92,7 +92,7 @@ def test_outcome_unknown_at_least_once_is_kept_and_pauses(target_up: bool) -> No
     exc = TargetOutcomeUnknown("lost", target_up=target_up)
     outcome = judge(job_row(), target(DeliveryMode.AT_LEAST_ONCE), exc, NOW, SETTINGS)
     assert (outcome.kind, outcome.pause_target, outcome.spend_attempt) == (
-        OutcomeKind.UNREACHABLE, True, False)
+        OutcomeKind.PAUSED, True, False)
 
 
 @pytest.mark.parametrize("mode", list(DeliveryMode))
@@ -108,7 +108,7 @@ def test_dead_now_is_dead_whatever_the_mode(mode: DeliveryMode) -> None:
 def test_any_other_exception_is_an_answered_failure(exc: BaseException) -> None:
     outcome = judge(job_row(attempts=0), target(), exc, NOW, SETTINGS)
     assert (outcome.kind, outcome.spend_attempt, outcome.pause_target) == (
-        OutcomeKind.RETRY, True, False)
+        OutcomeKind.RETRIED, True, False)
     assert outcome.run_at == NOW + timedelta(seconds=60)
     assert outcome.error.startswith(type(exc).__name__)
 
@@ -118,7 +118,7 @@ def test_answered_failures_back_off_then_die_at_the_sixth() -> None:
             for n in range(6)]
     assert [o.run_at - NOW for o in runs[:5] if o.run_at] == [
         timedelta(seconds=s) for s in (60, 120, 240, 480, 960)]
-    assert [o.kind for o in runs] == [OutcomeKind.RETRY] * 5 + [OutcomeKind.DEAD]
+    assert [o.kind for o in runs] == [OutcomeKind.RETRIED] * 5 + [OutcomeKind.DEAD]
     assert runs[5].spend_attempt and "(attempt 6 of 6)" in runs[5].error
 
 
@@ -133,5 +133,5 @@ def test_target_max_attempts_and_delays_win_over_settings() -> None:
 
 def test_an_unregistered_target_uses_the_rows_mode_and_the_settings() -> None:
     row = job_row(mode=DeliveryMode.AT_LEAST_ONCE)
-    assert judge(row, None, TargetOutcomeUnknown(), NOW, SETTINGS).kind is OutcomeKind.UNREACHABLE
+    assert judge(row, None, TargetOutcomeUnknown(), NOW, SETTINGS).kind is OutcomeKind.PAUSED
     assert judge(job_row(attempts=5), None, ValueError(), NOW, SETTINGS).kind is OutcomeKind.DEAD

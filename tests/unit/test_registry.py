@@ -13,7 +13,8 @@ import pytest
 
 from jobs_engine import DeliveryMode, DuplicateTarget, InvalidJob, Lane, register_target
 from jobs_engine.errors import UnknownTarget
-from jobs_engine.registry import Job, Target, all_targets, get_target, unregister_target
+from jobs_engine.job import Job
+from jobs_engine.registry import Target, all_targets, get_target, unregister_target
 
 NAME = "t:registry-test"
 
@@ -35,11 +36,9 @@ def snapshot() -> dict[str, Target]:
 def test_valid_registration_is_stored() -> None:
     target = register_target(NAME, noop, lane=Lane.LONG,
                              delivery_mode=DeliveryMode.AT_LEAST_ONCE, exclusive=True,
-                             max_attempts=3, retry_delays=[1, 2.5], batch_size=500,
-                             payload_json=True)
+                             max_attempts=3, retry_delays=[1, 2.5], batch_size=500)
     assert get_target(NAME) is target
     assert target.batch_size == 500
-    assert target.payload_json is True
     assert (target.lane, target.delivery_mode, target.exclusive) == (
         Lane.LONG, DeliveryMode.AT_LEAST_ONCE, True)
     assert (target.max_attempts, target.retry_delays) == (3, (1, 2.5))
@@ -137,25 +136,27 @@ def test_unknown_target_names_it() -> None:
     assert "t:never-registered" in str(info.value)
 
 
-def test_handler_job_carries_every_field_of_the_row() -> None:
-    """``handler_job`` builds a Job positionally from a JobRow: the field orders must agree,
-    and the payload is decoded unless the target takes it as JSON text."""
-    from datetime import UTC, datetime
+def test_a_job_decodes_its_payload_when_read_and_keeps_the_stored_text() -> None:
+    """The store reads a row straight into ``Job``: ``payload`` is decoded from
+    ``payload_json`` at each access, and a deprecated ``payload_json=True`` target's handlers
+    still get the text as ``payload``."""
+    from jobs_engine.lanes.handlers import call_handler
 
-    from jobs_engine.handlers import handler_job
-    from jobs_engine.store import JobRow
+    job = Job(1, "t", "c", "k", 2, '{"p": 1}', {"h": "v"}, 3, "tr", "dk", {"a": 1}, None, 5,
+              "at_most_once")
+    assert job.payload == {"p": 1} and job.payload_json == '{"p": 1}'
+    assert job._replace(payload_json=None).payload is None
+    seen: list[object] = []
+    decoded = Target(name="t:decoded", handler=lambda j: seen.append(j.payload), lane=Lane.FAST)
+    raw = Target(name="t:raw", handler=lambda j: seen.append(j.payload), lane=Lane.FAST,
+                 payload_json=True)
+    assert call_handler(decoded, job) is None and call_handler(raw, job) is None
+    assert seen == [{"p": 1}, '{"p": 1}']
 
-    assert Job._fields == ("id", "target", "code", "key", "version", "payload",
-                           *JobRow._fields[6:11], "created_at")
-    created = datetime(2026, 1, 2, tzinfo=UTC)
-    row = JobRow(1, "t", "c", "k", 2, '{"p": 1}', {"h": "v"}, 3, "tr", "dk", {"a": 1}, 5,
-                 "at_most_once", created, "tok")
-    decoded = Target(name="t:decoded", handler=noop, lane=Lane.FAST)
-    forwarded = Target(name="t:forwarded", handler=noop, lane=Lane.FAST, payload_json=True)
-    job = handler_job(decoded, row)
-    assert job._asdict() == {"id": 1, "target": "t", "code": "c", "key": "k", "version": 2,
-                             "payload": {"p": 1}, "headers": {"h": "v"}, "attempts": 3,
-                             "trace_id": "tr", "dedupe_key": "dk", "actor": {"a": 1},
-                             "created_at": created}
-    assert handler_job(forwarded, row) == job._replace(payload='{"p": 1}')
-    assert handler_job(decoded, row._replace(payload_json=None)).payload is None
+
+def test_payload_json_true_is_deprecated_naming_what_to_read() -> None:
+    with pytest.warns(DeprecationWarning, match="job.payload_json"):
+        register_target("t:deprecated-raw", noop, lane="fast", payload_json=True)
+    unregister_target("t:deprecated-raw")
+
+

@@ -1,5 +1,5 @@
 """Worker processes tune the cycle collector for polls that build many short-lived
-objects (see ``jobs_engine.worker.tune_garbage_collector``)."""
+objects (see ``jobs_engine.lanes.worker.tune_garbage_collector``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs_engine.worker import GC_GEN0_THRESHOLD, tune_garbage_collector
+from jobs_engine.lanes.worker import GC_GEN0_THRESHOLD, tune_garbage_collector
 
 
 @pytest.fixture

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs_engine.conf import jobs_settings
-from jobs_engine.worker import WorkerProcess, WorkerUnableToStart
+from jobs_engine.errors import WorkerUnableToStart
+from jobs_engine.lanes.worker import WorkerProcess
 
 
 def run_lanes(command: BaseCommand, lanes: set[str]) -> None:

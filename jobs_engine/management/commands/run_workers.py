@@ -2,8 +2,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from jobs_engine.lanes.worker import SCHEDULES
 from jobs_engine.management.commands._lanes import run_lanes
-from jobs_engine.worker import FAST, LONG, SCHEDULES
+from jobs_engine.states import Lane
 
 
 class Command(BaseCommand):
@@ -11,4 +12,4 @@ class Command(BaseCommand):
             "embedded default).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        run_lanes(self, {FAST, LONG, SCHEDULES})
+        run_lanes(self, {Lane.FAST, Lane.LONG, SCHEDULES})

@@ -2,8 +2,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from jobs_engine.lanes.worker import SCHEDULES
 from jobs_engine.management.commands._lanes import run_lanes
-from jobs_engine.worker import SCHEDULES
 
 
 class Command(BaseCommand):

@@ -1,8 +1,11 @@
-"""The one outcome path shared by both lanes.
+"""The one outcome path of both lanes: judge, write, report.
 
-``judge`` turns what a handler did into an ``Outcome`` (built only by its constructors,
-so no invalid combination exists); ``record`` writes outcomes through the store under
-the lane's guard, pauses targets, and emits the run log line and DEAD alerts.
+``judge`` turns what a handler did into an ``Outcome`` (built only by its constructors, so
+no invalid combination exists), once per job; ``write`` turns outcomes into the store's
+guarded statements (the caller holds the transaction); ``report`` follows the commit with
+the hourly statistics, one run log line per job and the DEAD alerts. The words of
+``OutcomeKind`` are the ones the run log, the statistics, the admin chart and ``/metrics``
+use.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from django.utils import timezone
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.job import Job
 from jobs_engine.registry import Target
 from jobs_engine.signals import job_dead
 from jobs_engine.states import DeliveryMode, Lane
@@ -29,10 +33,10 @@ logger = logging.getLogger("jobs_engine")
 
 
 class OutcomeKind(StrEnum):
-    SUCCEEDED = "ok"
-    RETRY = "retry"
-    UNREACHABLE = "paused"
-    DEAD = "dead"
+    OK = "ok"  # the handler returned
+    RETRIED = "retried"  # an answered failure: run again later, one attempt spent
+    PAUSED = "paused"  # the target could not be reached: the target pauses, no attempt spent
+    DEAD = "dead"  # will not run again on its own
 
 
 @dataclass(frozen=True)
@@ -44,16 +48,16 @@ class Outcome:
     spend_attempt: bool = False
 
     @classmethod
-    def succeeded(cls) -> Outcome:
-        return _SUCCEEDED
+    def ok(cls) -> Outcome:
+        return _OK
 
     @classmethod
-    def retry(cls, run_at: datetime, error: str) -> Outcome:
-        return cls(OutcomeKind.RETRY, error, run_at=run_at, spend_attempt=True)
+    def retried(cls, run_at: datetime, error: str) -> Outcome:
+        return cls(OutcomeKind.RETRIED, error, run_at=run_at, spend_attempt=True)
 
     @classmethod
-    def unreachable(cls, error: str) -> Outcome:
-        return cls(OutcomeKind.UNREACHABLE, error, pause_target=True)
+    def paused(cls, error: str) -> Outcome:
+        return cls(OutcomeKind.PAUSED, error, pause_target=True)
 
     @classmethod
     def dead(cls, error: str, *, pause_target: bool = False, spend_attempt: bool = False
@@ -61,7 +65,7 @@ class Outcome:
         return cls(OutcomeKind.DEAD, error, pause_target=pause_target, spend_attempt=spend_attempt)
 
 
-_SUCCEEDED = Outcome(OutcomeKind.SUCCEEDED)  # one for every success: the hot path's outcome
+_OK = Outcome(OutcomeKind.OK)  # one for every success: the hot path's outcome
 
 
 def describe(exc: BaseException) -> str:
@@ -74,33 +78,33 @@ def retry_delay_s(attempts_after: int, delays: Sequence[float]) -> float:
     return float(delays[min(attempts_after, len(delays)) - 1])
 
 
-def judge(row: store.JobRow, target: Target | None, exc: BaseException | None, now: datetime,
+def judge(job: Job, target: Target | None, exc: BaseException | None, now: datetime,
           settings: JobsSettings) -> Outcome:
     """Map a handler's result to an outcome (docs/design.md#outcomes)."""
     if exc is None:
-        return Outcome.succeeded()
+        return _OK
     error = describe(exc)
     if isinstance(exc, DeadNow):
         return Outcome.dead(error)
-    mode = target.delivery_mode if target else DeliveryMode(row.delivery_mode)
+    mode = target.delivery_mode if target else DeliveryMode(job.delivery_mode)
     if isinstance(exc, TargetOutcomeUnknown):
         if mode is DeliveryMode.AT_MOST_ONCE:
             return Outcome.dead(error, pause_target=not exc.target_up)
-        return Outcome.unreachable(error)
+        return Outcome.paused(error)
     if isinstance(exc, TargetUnreachable):
-        return Outcome.unreachable(error)
+        return Outcome.paused(error)
     max_attempts = (target.max_attempts if target and target.max_attempts else
                     settings.MAX_ATTEMPTS)
     delays = (target.retry_delays if target and target.retry_delays else settings.RETRY_DELAYS)
-    attempts_after = row.attempts + 1
+    attempts_after = job.attempts + 1
     if attempts_after >= max_attempts:
         return Outcome.dead(f"{error} (attempt {attempts_after} of {max_attempts})",
                             spend_attempt=True)
-    return Outcome.retry(now + timedelta(seconds=retry_delay_s(attempts_after, delays)), error)
+    return Outcome.retried(now + timedelta(seconds=retry_delay_s(attempts_after, delays)), error)
 
 
 class RunResult(NamedTuple):
-    row: store.JobRow
+    job: Job
     outcome: Outcome
     duration_ms: float
 
@@ -125,85 +129,87 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     admin changed it): the result is reported as ``lost`` and nothing else happens.
     """
     written: list[RunResult] = []
-    succeeded: list[RunResult] = []
+    done: list[RunResult] = []
     others: list[RunResult] = []
     for result in results:
-        (succeeded if result.outcome.kind is OutcomeKind.SUCCEEDED else others).append(result)
-    if succeeded:
-        deleted = store.jobs_delete_succeeded(guard, [(r.row.id, r.row.attempts)
-                                                      for r in succeeded])
+        (done if result.outcome.kind is OutcomeKind.OK else others).append(result)
+    if done:
+        deleted = store.jobs_delete_succeeded(guard, [(r.job.id, r.job.attempts)
+                                                      for r in done])  # type: ignore[misc]
         # A batch delete reports only a count; a short count is rare (a takeover raced us).
-        if deleted == len(succeeded):
-            written += succeeded
+        if deleted == len(done):
+            written += done
         else:
-            remaining = {row_id for (row_id,) in _existing_ids([r.row.id for r in succeeded])}
-            written += [r for r in succeeded if r.row.id not in remaining]
+            remaining = _existing_ids([r.job.id for r in done])  # type: ignore[misc]
+            written += [r for r in done if r.job.id not in remaining]
     for result in others:
-        kind, row, outcome = result.outcome.kind, result.row, result.outcome
-        if kind is OutcomeKind.RETRY:
+        kind, job, outcome = result.outcome.kind, result.job, result.outcome
+        assert job.id is not None
+        if kind is OutcomeKind.RETRIED:
             assert outcome.run_at is not None
-            ok = store.job_retry_later(guard, row.id, row.attempts, outcome.run_at, outcome.error,
-                                       now)
-            if ok and guard.lane is Lane.FAST and row.key is not None:
-                store.jobs_hold_key_until(row, outcome.run_at)
-        elif kind is OutcomeKind.UNREACHABLE:
-            ok = store.job_release_unchanged(guard, row.id, row.attempts, outcome.error, now)
+            ok = store.job_retry_later(guard, job.id, job.attempts, outcome.run_at,
+                                       outcome.error, now)
+            if ok and guard.lane is Lane.FAST and job.key is not None:
+                store.jobs_hold_key_until(job, outcome.run_at)
+        elif kind is OutcomeKind.PAUSED:
+            ok = store.job_release_unchanged(guard, job.id, job.attempts, outcome.error, now)
         else:
-            ok = store.job_close_dead(guard, row.id, row.attempts, outcome.error, now,
+            ok = store.job_close_dead(guard, job.id, job.attempts, outcome.error, now,
                                       spend_attempt=outcome.spend_attempt)
         if ok:
             written.append(result)
         if outcome.pause_target:
-            store.pause_set(row.target, now, settings.PROBE_S, outcome.error)
+            store.pause_set(job.target, now, settings.PROBE_S, outcome.error)
     return written
 
 
 def report(results: Sequence[RunResult], written: Sequence[RunResult], now: datetime) -> None:
     """After the outcomes are committed: the hourly statistics, one run log line per
     result and the DEAD alerts."""
-    count_runs(written, now)
-    written_ids = {r.row.id for r in written}
+    count_runs([(r.job.target, r.outcome.kind) for r in written], now)
+    written_ids = {r.job.id for r in written}
     log_runs = logger.isEnabledFor(logging.INFO)  # else only the DEAD alerts: skip successes
     for result in results if log_runs else [r for r in results
-                                            if r.outcome.kind is not OutcomeKind.SUCCEEDED]:
-        row, ok = result.row, result.row.id in written_ids
+                                            if r.outcome.kind is not OutcomeKind.OK]:
+        job, ok = result.job, result.job.id in written_ids
         if log_runs:
-            attempts = row.attempts + (1 if result.outcome.spend_attempt and ok else 0)
-            logger.info(
-                "job run code=%s target=%s dedupe_key=%s attempts=%s duration_ms=%.1f "
-                "result=%s", row.code, row.target, row.dedupe_key, attempts,
-                result.duration_ms, result.outcome.kind.value if ok else "lost",
-            )
+            attempts = job.attempts + (1 if result.outcome.spend_attempt and ok else 0)
+            log_run(job.code, job.target, job.dedupe_key, attempts, result.duration_ms,
+                    result.outcome.kind.value if ok else "lost")
         if ok and result.outcome.kind is OutcomeKind.DEAD:
-            announce_dead(row.id, row.target, row.code, row.dedupe_key, result.outcome.error)
+            announce_dead(job.id, job.target, job.code, job.dedupe_key,  # type: ignore[arg-type]
+                          result.outcome.error)
 
 
-# The outcome names of the hourly statistics (``JobStat.outcome``).
-STAT_OUTCOMES = {OutcomeKind.SUCCEEDED: "ok", OutcomeKind.RETRY: "retried",
-                 OutcomeKind.UNREACHABLE: "paused", OutcomeKind.DEAD: "dead"}
+def log_run(code: str, target: str, dedupe_key: str, attempts: int, duration_ms: float,
+            result: str, **extra: object) -> None:
+    """The one line every run writes (also an operator's skip or cancel, and a lossy
+    hand-off): ``job run code= target= dedupe_key= attempts= duration_ms= result=``."""
+    tail = "".join(f" {name}={value}" for name, value in extra.items())
+    logger.info("job run code=%s target=%s dedupe_key=%s attempts=%s duration_ms=%.1f "
+                "result=%s%s", code, target, dedupe_key, attempts, duration_ms, result, tail)
 
 
 def stat_hour(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def count_runs(results: Sequence[RunResult], now: datetime) -> None:
-    """Add the written outcomes to the hourly statistics in one statement. Statistics
+def count_runs(runs: Sequence[tuple[str, OutcomeKind]], now: datetime) -> None:
+    """Add (target, outcome) runs to the hourly statistics in one statement. Statistics
     are evidence, not state: a failed write is logged and the outcomes stand."""
-    if not results:
+    if not runs:
         return
     hour = stat_hour(now)
-    counts = Counter((hour, r.row.target, STAT_OUTCOMES[r.outcome.kind]) for r in results)
     try:
-        store.job_stats_add(counts)
+        store.job_stats_add(Counter((hour, target, kind.value) for target, kind in runs))
     except Exception:
-        logger.exception("job statistics not written for %s runs", len(results))
+        logger.exception("job statistics not written for %s runs", len(runs))
 
 
-def _existing_ids(ids: Sequence[int]) -> list[tuple[int]]:
-    from jobs_engine.models import Job
+def _existing_ids(ids: Sequence[int]) -> set[int]:
+    from jobs_engine.models import Job as JobTable
 
-    return [(i,) for i in Job.objects.filter(id__in=ids).values_list("id", flat=True)]
+    return set(JobTable.objects.filter(id__in=ids).values_list("id", flat=True))
 
 
 def announce_dead(job_id: int, target: str, code: str, dedupe_key: str, reason: str) -> None:
@@ -218,11 +224,7 @@ def announce_dead(job_id: int, target: str, code: str, dedupe_key: str, reason: 
 
 
 def announce_closed(closed: Sequence[store.ClosedJob]) -> None:
+    """Rows a takeover or a lease rescue presumed DEAD: alerts, and dead runs counted."""
     for job in closed:
         announce_dead(job.id, job.target, job.code, job.dedupe_key, job.reason)
-    if closed:  # closed by a takeover or a lease rescue: they count as dead runs too
-        counts = Counter((stat_hour(timezone.now()), job.target, "dead") for job in closed)
-        try:
-            store.job_stats_add(counts)
-        except Exception:
-            logger.exception("job statistics not written for %s closed rows", len(closed))
+    count_runs([(job.target, OutcomeKind.DEAD) for job in closed], timezone.now())

@@ -3,8 +3,9 @@
 One ``run_once`` reads up to ``FAST_BATCH`` due rows (each the head of its key) and hands
 them to their targets in *sends*. Before a send its rows join their partitions' in-flight
 marks, under the lease guard and under one token for the whole poll; outcomes are written
-after the poll's sends, so a crash at any point leaves every handed row judged by its
-delivery mode on takeover, and every row not handed still PENDING.
+after the poll's sends, together with the clearing of the marks, so a crash at any point
+leaves every handed row judged by its delivery mode on takeover, and every row not handed
+still PENDING.
 
 A send is one row, except for targets with a batch handler and at-least-once targets
 (for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
@@ -12,6 +13,9 @@ get all their rows of the poll in one send. So a poll costs a handful of stateme
 few per row, which is the route to speed. When the poll's first send is such a send, the
 read marks its rows itself (``store.jobs_fast_poll``): the busiest case, one batch target
 such as a Kafka topic, needs no mark statement of its own.
+
+A database fault does not lose what was sent: the poll's results wait (``Unwritten``) and
+are written before anything else is polled (docs/design.md#database-outages).
 """
 
 from __future__ import annotations
@@ -22,19 +26,22 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 
 from django.db import transaction
 
-from jobs_engine import outcomes, store
+from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
-from jobs_engine.handlers import call_batch_handler, call_handler
-from jobs_engine.leases import PartitionLeases
-from jobs_engine.outage import is_database_fault
-from jobs_engine.outcomes import RunResult, judge
-from jobs_engine.pauses import PauseGate
+from jobs_engine.job import Job
+from jobs_engine.lanes import outcomes
+from jobs_engine.lanes.clock import DatabaseClock
+from jobs_engine.lanes.handlers import call_batch_handler, call_handler
+from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.outage import is_database_fault
+from jobs_engine.lanes.outcomes import RunResult, judge
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
 
@@ -47,16 +54,15 @@ def takes_whole_poll(target: Target | None) -> bool:
                                    or target.delivery_mode is DeliveryMode.AT_LEAST_ONCE)
 
 
-def sends_of(rows: Sequence[store.JobRow], targets: dict[str, Target | None]
-             ) -> list[list[store.JobRow]]:
-    """Split a poll's rows into sends, target by target in name order."""
-    sends: list[list[store.JobRow]] = []
-    for name, group in groupby(sorted(rows, key=lambda r: r.target), key=lambda r: r.target):
-        group_rows = list(group)
+def sends_of(jobs: Sequence[Job], targets: dict[str, Target | None]) -> list[list[Job]]:
+    """Split a poll's jobs into sends, target by target in name order."""
+    sends: list[list[Job]] = []
+    for name, group in groupby(sorted(jobs, key=lambda j: j.target), key=lambda j: j.target):
+        group_jobs = list(group)
         if takes_whole_poll(targets[name]):
-            sends.append(group_rows)
+            sends.append(group_jobs)
         else:
-            sends += [[row] for row in group_rows]
+            sends += [[job] for job in group_jobs]
     return sends
 
 
@@ -101,11 +107,7 @@ class FastLane:
         if not held:
             return 0
         now = now or store.db_now()
-        started = self._monotonic()
-
-        def clock() -> datetime:  # the database clock, advanced locally during the poll
-            return now + timedelta(seconds=self._monotonic() - started)
-
+        clock = DatabaseClock(now, self._monotonic)
         gate = self.pauses.check(now, Lane.FAST)
         # Only targets registered here: another release's rows wait for its own workers.
         fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy
@@ -119,14 +121,14 @@ class FastLane:
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
                                         token=poll_out.token, markable=markable)
-            rows = poll.rows + self._backlog_heads(held, now, limits, poll.rows)
-            rows, _, poll_out.probes = self.pauses.probe_rows(rows, gate, now)
-            if not rows:  # unsent rows stay PENDING
+            jobs = poll.jobs + self._backlog_heads(held, now, limits, poll.jobs)
+            jobs, _, poll_out.probes = self.pauses.probe_rows(jobs, gate, now)
+            if not jobs:  # unsent rows stay PENDING
                 return 0
-            partitions = {row.partition for row in rows}
+            partitions = {job.partition for job in jobs}
             self.leases.busy |= partitions
             try:
-                self._send_poll(rows, poll, poll_out, clock)
+                self._send_poll(jobs, poll, poll_out, clock)
             finally:
                 self.leases.busy -= partitions
         except Exception as exc:
@@ -135,6 +137,22 @@ class FastLane:
             raise
         self._write(poll_out, clock())
         return len(poll_out.results)
+
+    def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
+                       jobs: list[Job]) -> list[Job]:
+        """Heads from the whole due backlog of the targets the poll read nothing of, at
+        most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
+        stall its target, and the walk reads that target's whole backlog."""
+        if self._monotonic() < self._next_backlog_walk:
+            return []
+        found = {job.target for job in jobs}
+        missing = {name: limit for name, limit in limits.items() if name not in found}
+        if not missing:
+            return []
+        self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
+        return store.jobs_fast_due(held, now, missing, whole_backlog=True)
+
+    # -- outcomes kept through a database fault -----------------------------------------
 
     def unwritten_tokens(self) -> frozenset[str]:
         """Tokens of this worker's in-flight marks whose outcomes wait to be written: a
@@ -174,44 +192,32 @@ class FastLane:
                 self._keep_unwritten(poll_out)
             raise
         outcomes.report(poll_out.results, written, now)
-        answered = {r.row.target for r in poll_out.results} - poll_out.paused
+        answered = {r.job.target for r in poll_out.results} - poll_out.paused
         for target_name in poll_out.probes & answered:
             self.pauses.probe_answered(target_name)
 
-    def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
-                       rows: list[store.JobRow]) -> list[store.JobRow]:
-        """Heads from the whole due backlog of the targets the poll read nothing of, at
-        most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
-        stall its target, and the walk reads that target's whole backlog."""
-        if self._monotonic() < self._next_backlog_walk:
-            return []
-        found = {row.target for row in rows}
-        missing = {name: limit for name, limit in limits.items() if name not in found}
-        if not missing:
-            return []
-        self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
-        return store.jobs_fast_due(held, now, missing, whole_backlog=True)
+    # -- sends ----------------------------------------------------------------------------
 
-    def _send_poll(self, rows: list[store.JobRow], poll: store.FastPoll, poll_out: Unwritten,
+    def _send_poll(self, jobs: list[Job], poll: store.FastPoll, poll_out: Unwritten,
                    clock: Callable[[], datetime]) -> None:
-        """Hand the rows to their targets, send by send, adding each result to
+        """Hand the jobs to their targets, send by send, adding each result to
         ``poll_out`` as it comes (so a fault halfway keeps what was already sent)."""
         targets: dict[str, Target | None] = {}
-        for name in {row.target for row in rows}:
+        for name in {job.target for job in jobs}:
             try:
                 targets[name] = get_target(name)
             except UnknownTarget:
                 targets[name] = None
         token = poll_out.token
         inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
-        for send in sends_of(rows, targets):
+        for send in sends_of(jobs, targets):
             if send[0].target == poll.marked_target:
-                # Marked by the read: in hand already, so neither a stop request nor the
-                # self-fence (the read checked the lease itself) leaves them unsent. Rows
-                # of a partition the read could not mark take the usual path.
-                send = ([row for row in send if row.partition in poll.marked]
-                        + self._mark_inflight([row for row in send
-                                               if row.partition not in poll.marked],
+                # Marked by the read: in hand already, so a stop request does not leave
+                # them unsent. Rows of a partition the read could not mark take the usual
+                # path.
+                send = ([job for job in send if job.partition in poll.marked]
+                        + self._mark_inflight([job for job in send
+                                               if job.partition not in poll.marked],
                                               inflight, token, clock))
             else:
                 if send[0].target in poll_out.paused:
@@ -219,79 +225,86 @@ class FastLane:
                 if self.should_stop():
                     break  # shutting down: rows not handed stay PENDING for the next owner
                 # Self-fencing: nothing more of a partition whose lease may be gone.
-                trusted = {p for p in {row.partition for row in send}
+                trusted = {p for p in {job.partition for job in send}
                            if self.leases.trusted(p)}
-                send = self._mark_inflight([row for row in send if row.partition in trusted],
+                send = self._mark_inflight([job for job in send if job.partition in trusted],
                                            inflight, token, clock)
             if not send:
                 continue
             sent = self._send(targets[send[0].target], send, clock)
             poll_out.results += sent
-            poll_out.paused |= {r.row.target for r in sent if r.outcome.pause_target}
+            poll_out.paused |= {r.job.target for r in sent if r.outcome.pause_target}
 
-    def _mark_inflight(self, send: list[store.JobRow], inflight: dict[int, list[int]],
-                       token: str, clock: Callable[[], datetime]) -> list[store.JobRow]:
-        """Mark ``send`` in flight in one statement; returns the rows to hand.
+    def _mark_inflight(self, send: list[Job], inflight: dict[int, list[int]],
+                       token: str, clock: Callable[[], datetime]) -> list[Job]:
+        """Mark ``send`` in flight in one statement; returns the jobs to hand.
 
         Rows of a partition whose lease is lost are dropped with the partition; rows
         closed meanwhile (a takeover, an admin) are left out and the rest marked again.
         """
-        handed: list[store.JobRow] = []
+        handed: list[Job] = []
         for _ in range(2):
             if not send:
                 break
             wanted: dict[int, list[int]] = {}
-            for row in send:
-                ids = wanted.get(row.partition)
+            for job in send:
+                ids = wanted.get(job.partition)
                 if ids is None:  # this poll's earlier marks of the partition, then these
-                    ids = wanted[row.partition] = list(inflight.get(row.partition, ()))
-                ids.append(row.id)
+                    ids = wanted[job.partition] = list(inflight.get(job.partition, ()))
+                ids.append(job.id)  # type: ignore[arg-type]
             marked = store.partitions_mark_inflight_if_leased(
                 self.worker_id, clock(), wanted, token,
-                [(row.partition, row.id, row.attempts) for row in send])
+                [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
             for partition in marked:
                 inflight[partition] = wanted[partition]
-            handed += [row for row in send if row.partition in marked]
-            refused = [row for row in send if row.partition not in marked]
+            handed += [job for job in send if job.partition in marked]
+            refused = [job for job in send if job.partition not in marked]
             if not refused:
                 break
-            pending = store.jobs_still_pending([(row.id, row.attempts) for row in refused])
-            closed_in = {row.partition for row in refused if row.id not in pending}
-            for partition in {row.partition for row in refused} - closed_in:
+            pending = store.jobs_still_pending(
+                [(job.id, job.attempts) for job in refused])  # type: ignore[misc]
+            closed_in = {job.partition for job in refused if job.id not in pending}
+            for partition in {job.partition for job in refused} - closed_in:
                 logger.warning("partition lease lost before send partition=%s worker=%s",
                                partition, self.worker_id)
                 self.leases.drop(partition)
-            send = [row for row in refused if row.partition in closed_in and row.id in pending]
+            send = [job for job in refused if job.partition in closed_in and job.id in pending]
         return handed
 
-    def _send(self, target: Target | None, send: list[store.JobRow],
-              clock: Callable[[], datetime]) -> list[RunResult]:
-        """Hand ``send`` to its target. The lease is checked again right before the
-        hand-off: a worker stalled after its mark (SIGSTOP, a long GC pause) may have lost
-        the partition meanwhile, and its new owner may already have sent later versions of
-        the key. Rows not handed get no result: they stay as they are (in this poll's mark,
-        for the new owner to judge)."""
+    def _send(self, target: Target | None, send: list[Job], clock: Callable[[], datetime]
+              ) -> list[RunResult]:
+        """Hand ``send`` to its target and judge each job once.
+
+        The lease is checked again right before the hand-off: a worker stalled after its
+        mark (SIGSTOP, a long GC pause) may have lost the partition meanwhile, and its new
+        owner may already have sent later versions of the key. Jobs not handed get no
+        result: they stay as they are (in this poll's mark, for the new owner to judge).
+        """
         started = self._monotonic()
         trusted = self.leases.trusted
         if target is None:
             handed, errors = send, [UnknownTarget(send[0].target)] * len(send)
+            verdicts = [judge(job, None, error, clock(), self.settings)
+                        for job, error in zip(handed, errors, strict=True)]
         elif target.batch_handler is not None:
-            kept = {p for p in {row.partition for row in send} if trusted(p)}
-            handed = [row for row in send if row.partition in kept]
+            kept = {p for p in {job.partition for job in send} if trusted(p)}
+            handed = [job for job in send if job.partition in kept]
             errors = call_batch_handler(target, handed) if handed else []
+            now = clock()
+            verdicts = [judge(job, target, error, now, self.settings)
+                        for job, error in zip(handed, errors, strict=True)]
         else:
-            handed, errors = [], []
-            for row in send:
-                if not trusted(row.partition):
+            handed, verdicts = [], []
+            for job in send:
+                if not trusted(job.partition):
                     continue
-                handed.append(row)
-                errors.append(call_handler(target, row))
-                if judge(row, target, errors[-1], clock(), self.settings).pause_target:
+                handed.append(job)
+                verdicts.append(judge(job, target, call_handler(target, job), clock(),
+                                      self.settings))
+                if verdicts[-1].pause_target:
                     break  # the target is down: the rest of this send is not handed
-        if not errors:
+        if not verdicts:
             return []
-        duration_ms = (self._monotonic() - started) * 1000 / len(errors)
-        now = clock()
-        # Rows after a pausing outcome were not handed: no result, they stay as they are.
-        return [RunResult(row, judge(row, target, error, now, self.settings), duration_ms)
-                for row, error in zip(handed, errors, strict=True)]
+        duration_ms = (self._monotonic() - started) * 1000 / len(verdicts)
+        return [RunResult(job, verdict, duration_ms)
+                for job, verdict in zip(handed, verdicts, strict=True)]

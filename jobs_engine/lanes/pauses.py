@@ -13,6 +13,7 @@ from datetime import datetime
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
+from jobs_engine.job import Job
 from jobs_engine.registry import get_target
 from jobs_engine.states import Lane
 
@@ -45,15 +46,15 @@ class PauseGate:
         really sends the probe."""
         return store.pause_claim_probe(target, self.worker_id, now, self.settings.PROBE_S)
 
-    def probe_rows(self, rows: list[store.JobRow], gate: Gate, now: datetime
-                   ) -> tuple[list[store.JobRow], list[store.JobRow], frozenset[str]]:
+    def probe_rows(self, rows: list[Job], gate: Gate, now: datetime
+                   ) -> tuple[list[Job], list[Job], frozenset[str]]:
         """Split ``rows`` into (to run, to give back, targets probed by this worker).
 
         A paused target whose pause ran out gets one row through, on the one worker that
         wins the probe; its other rows are given back untouched.
         """
-        keep: list[store.JobRow] = []
-        give_back: list[store.JobRow] = []
+        keep: list[Job] = []
+        give_back: list[Job] = []
         probing: set[str] = set()
         decided: dict[str, bool] = {}
         for row in rows:

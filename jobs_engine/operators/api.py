@@ -41,10 +41,11 @@ from ninja.security.apikey import APIKeyCookie
 from ninja.utils import check_csrf
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, model_validator
 
-from jobs_engine import operations
+from jobs_engine.errors import JobNotFound, OperationRefused
 from jobs_engine.models import MANAGE_PERMISSION, Job
-from jobs_engine.operations import MAX_JOB_ID, OperationRefused
-from jobs_engine.queries import capped_count
+from jobs_engine.operators import actions
+from jobs_engine.operators.actions import MAX_JOB_ID
+from jobs_engine.operators.queries import capped_count
 
 logger = logging.getLogger("jobs_engine")
 
@@ -55,16 +56,6 @@ MAX_LIMIT = 100
 CODES = {400: "validation_error", 401: "unauthorized", 403: "forbidden", 404: "not_found",
          405: "method_not_allowed", 409: "invalid_status", 413: "body_too_large",
          429: "throttled"}
-
-
-class ApiError(Exception):
-    """An error answer of the API in its one shape."""
-
-    def __init__(self, status_code: int, code: str, messages: Iterable[str]) -> None:
-        self.status_code = status_code
-        self.code = code
-        self.messages = list(messages)
-        super().__init__(f"{status_code} {code}: {'; '.join(self.messages)}")
 
 
 def error_body(status_code: int, code: str, messages: Iterable[str]) -> dict[str, Any]:
@@ -96,18 +87,18 @@ class ManagerSession(APIKeyCookie):
 
     def authenticate(self, request: HttpRequest, key: str | None) -> Any:
         if _body_length(request) > MAX_BODY_BYTES:
-            raise ApiError(413, "body_too_large",
-                           [f"request body over {MAX_BODY_BYTES} bytes"])
+            raise OperationRefused(f"request body over {MAX_BODY_BYTES} bytes",
+                                   status_code=413, code="body_too_large")
         user = getattr(request, "user", None)
         if user is None or not user.is_authenticated:
             return None
         if self.csrf and not getattr(request, "_ninja_csrf_exempt", False) \
                 and check_csrf(request) is not None:
-            raise ApiError(403, "csrf_failed",
-                           ["CSRF check failed: send the csrftoken cookie's value in an "
-                            "X-CSRFToken header"])
+            raise OperationRefused("CSRF check failed: send the csrftoken cookie's value in an "
+                                   "X-CSRFToken header", status_code=403, code="csrf_failed")
         if not user.has_perm(MANAGE_PERMISSION):
-            raise ApiError(403, "forbidden", [f"the {MANAGE_PERMISSION} permission is required"])
+            raise OperationRefused(f"the {MANAGE_PERMISSION} permission is required",
+                                   status_code=403, code="forbidden")
         return user
 
 
@@ -143,14 +134,9 @@ def _validation_error(request: HttpRequest, exc: ValidationError) -> HttpRespons
     return error_response(400, "validation_error", messages or ["invalid request"])
 
 
-@api.exception_handler(ApiError)
-def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
-    return error_response(exc.status_code, exc.code, exc.messages)
-
-
 @api.exception_handler(OperationRefused)
 def _refused(request: HttpRequest, exc: OperationRefused) -> HttpResponse:
-    return error_response(exc.status_code, exc.code, [exc.message])
+    return error_response(exc.status_code, exc.code, exc.messages)
 
 
 @api.exception_handler(HttpError)
@@ -285,7 +271,7 @@ def refuse_unused_input(view: Callable[..., Any]) -> Callable[..., Any]:
         if not any(isinstance(value, BodyIn) for value in values):
             problems += _no_body(request)
         if problems:
-            raise ApiError(400, "validation_error", problems)
+            raise OperationRefused(problems)
         return view(request, *args, **kwargs)
 
     return checked
@@ -419,7 +405,7 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any
 def get_job(request: HttpRequest, job_id: JobId) -> Job:
     job = Job.objects.filter(id=job_id).first()
     if job is None:
-        raise operations.JobNotFound(job_id)
+        raise JobNotFound(job_id)
     return job
 
 
@@ -427,13 +413,13 @@ def get_job(request: HttpRequest, job_id: JobId) -> Job:
            summary="Retry a DEAD job")
 def retry_job(request: HttpRequest, job_id: JobId) -> Job:
     """DEAD → PENDING now with attempts 0. Not DEAD (or a concurrent retry won): 409."""
-    return operations.retry_job(job_id, request.user)
+    return actions.retry_job(job_id, request.user)
 
 
 @jobs.post("/{job_id}/skip", response={200: Skipped, **errors(404, 409, 413)},
            summary="Delete a DEAD job")
 def skip_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
-    row = operations.skip_job(job_id, request.user)
+    row = actions.skip_job(job_id, request.user)
     return {"id": row.id, "skipped": True}
 
 
@@ -442,7 +428,7 @@ def skip_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
 def cancel_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
     """A PENDING row not in flight, or a long-lane RUNNING row not yet started; a row
     being sent or run answers 409."""
-    row = operations.cancel_job(job_id, request.user)
+    row = actions.cancel_job(job_id, request.user)
     return {"id": row.id, "cancelled": True, "was": row.status}
 
 

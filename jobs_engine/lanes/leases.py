@@ -20,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from jobs_engine import outcomes, store
+from jobs_engine import store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.outage import Outages
+from jobs_engine.lanes import outcomes
+from jobs_engine.lanes.clock import trust_s
+from jobs_engine.lanes.outage import Outages
 
 logger = logging.getLogger("jobs_engine")
 
@@ -95,8 +97,7 @@ class PartitionLeases:
 
     def _trust(self, partitions: list[int], renewed_at: float) -> None:
         # Trust a renewal for the lease minus a margin, measured from before the request.
-        margin = min(1.0, self.settings.PARTITION_LEASE_S * 0.1)
-        until = renewed_at + self.settings.PARTITION_LEASE_S - margin
+        until = renewed_at + trust_s(self.settings.PARTITION_LEASE_S)
         with self._lock:
             for partition in partitions:
                 self._trusted_until[partition] = until

@@ -25,17 +25,18 @@ from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
-from jobs_engine.errors import JobsEngineError
-from jobs_engine.fast_lane import FastLane
-from jobs_engine.leases import PartitionLeases, new_worker_id
-from jobs_engine.long_lane import LongLane
-from jobs_engine.outage import Outages, backoff_s, close_quietly, is_database_fault
-from jobs_engine.pauses import PauseGate
-from jobs_engine.retention import DeadPruner
+from jobs_engine.errors import WorkerUnableToStart
+from jobs_engine.lanes.clock import trust_s
+from jobs_engine.lanes.fast import FastLane
+from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.lanes.retention import DeadPruner
+from jobs_engine.states import Lane
 
 logger = logging.getLogger("jobs_engine")
 
-FAST, LONG = "fast", "long"
 SCHEDULES = "schedules"  # served by a companion app through ``register_service``
 
 # A lane served by another app (``schedules``): the engine imports no such app; the app
@@ -179,11 +180,6 @@ class Wakeup:
         os.close(self._write_fd)
 
 
-class WorkerUnableToStart(JobsEngineError):
-    """The database cannot be reached or is not migrated when the worker starts: one clear
-    line and a non-zero exit, rather than a worker that looks alive and does nothing."""
-
-
 class WorkerProcess:
     def __init__(self, lanes: set[str], settings: JobsSettings | None = None) -> None:
         self.settings = settings or jobs_settings()
@@ -197,9 +193,9 @@ class WorkerProcess:
                              should_stop=self._stopping)
         self.long = (LongLane(self.worker_id, self.settings, self.pauses, on_row_done=self._poke,
                               outages=self.outages, should_stop=self._stopping)
-                     if LONG in lanes else None)
+                     if Lane.LONG in lanes else None)
         self.services: list[Callable[[], float]] = []  # extra loops (schedules) -> next delay
-        for lane in sorted(lanes - {FAST, LONG}):
+        for lane in sorted(lanes - {Lane.FAST, Lane.LONG}):
             if lane in _service_factories:
                 self.services.append(_service_factories[lane](self))
             else:
@@ -268,7 +264,8 @@ class WorkerProcess:
             handled_total = 0
             faulted = False
             if time.monotonic() < self._heartbeat_ok_until:
-                for lane, run_once in ((FAST, self.fast.run_once), (LONG, self._run_long)):
+                steps = ((Lane.FAST, self.fast.run_once), (Lane.LONG, self._run_long))
+                for lane, run_once in steps:
                     if lane not in self.lanes:
                         continue
                     handled = self._guarded(run_once, f"{lane} lane")
@@ -317,7 +314,7 @@ class WorkerProcess:
     def _beat(self) -> None:
         started = time.monotonic()
         now = store.db_now()
-        if FAST in self.lanes:
+        if Lane.FAST in self.lanes:
             self.leases.heartbeat(now)
         else:
             store.worker_beat(self.worker_id, now, hostname=socket.gethostname(), pid=os.getpid(),
@@ -325,8 +322,7 @@ class WorkerProcess:
         if self.long is not None:
             self.long.renew(now)
         # Self-fencing: take new work only while the last beat is fresh.
-        self._heartbeat_ok_until = started + self.settings.PARTITION_LEASE_S - min(
-            1.0, self.settings.PARTITION_LEASE_S * 0.1)
+        self._heartbeat_ok_until = started + trust_s(self.settings.PARTITION_LEASE_S)
 
     def _heartbeat_loop(self) -> None:
         interval = min(self.settings.PARTITION_HEARTBEAT_S, self.settings.LONG_HEARTBEAT_S)

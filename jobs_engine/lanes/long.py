@@ -14,17 +14,19 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
-from jobs_engine.handlers import call_handler
-from jobs_engine.outage import Outages, backoff_s, is_database_fault
-from jobs_engine.outcomes import RunResult, announce_closed, judge, record
-from jobs_engine.pauses import PauseGate
+from jobs_engine.job import Job
+from jobs_engine.lanes.clock import DatabaseClock
+from jobs_engine.lanes.handlers import call_handler
+from jobs_engine.lanes.outage import Outages, backoff_s, is_database_fault
+from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import Lane
 
@@ -70,65 +72,62 @@ class LongLane:
         token = uuid.uuid4().hex
         # Only targets registered here: another release's rows wait for its own workers.
         mine = [t for t in all_targets() if t.lane is Lane.LONG and not t.lossy]
-        rows = store.jobs_long_reserve(
+        jobs = store.jobs_long_reserve(
             self.worker_id, token, now, self.settings.LONG_LEASE_S, free,
             exclusive_targets=[t.name for t in mine if t.exclusive],
             targets=sorted(t.name for t in mine if t.name not in gate.skip),
         )
-        rows, give_back, probes = self.pauses.probe_rows(rows, gate, now)
-        for row in give_back:
-            store.job_release_unchanged(store.Guard(Lane.LONG, token), row.id, row.attempts,
+        jobs, give_back, probes = self.pauses.probe_rows(jobs, gate, now)
+        for job in give_back:
+            store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
                                         None, now)
-        for row in rows:
+        for job in jobs:
             with self._lock:
-                self._in_hand[row.id] = token
+                self._in_hand[job.id] = token  # type: ignore[index]
             if self._pool is None:
-                self._run_row(row, now, row.target in probes)
+                self._run(job, token, now, job.target in probes)
             else:
-                future = self._pool.submit(self._run_row_in_thread, row, row.target in probes)
+                future = self._pool.submit(self._run_in_thread, job, token, job.target in probes)
                 self._futures.add(future)
                 future.add_done_callback(self._futures.discard)
-        return len(rows)
+        return len(jobs)
 
-    def _run_row_in_thread(self, row: store.JobRow, probe: bool) -> None:
+    def _run_in_thread(self, job: Job, token: str, probe: bool) -> None:
         try:
-            self._run_row(row, None, probe)
+            self._run(job, token, None, probe)
         except Exception as exc:
             if is_database_fault(exc):  # before the handler ran: the lease rescue reruns it
                 self.outages.failed(exc, "long lane")
             else:
-                logger.exception("long lane row %s failed outside its handler", row.id)
+                logger.exception("long lane job %s failed outside its handler", job.id)
         finally:
             # Each pool thread keeps its own connection; drop it if it broke.
             connection.close_if_unusable_or_obsolete()
 
-    def _run_row(self, row: store.JobRow, now: datetime | None, probe: bool) -> None:
-        assert row.claim_token is not None
-        started_clock = self._monotonic()
-        base = now or store.db_now()
-
-        def clock() -> datetime:
-            return base + timedelta(seconds=self._monotonic() - started_clock)
-
+    def _run(self, job: Job, token: str, now: datetime | None, probe: bool) -> None:
+        """Mark the job started, run its handler, judge it once and write the outcome."""
+        assert job.id is not None
+        started = self._monotonic()
+        clock = DatabaseClock(now or store.db_now(), self._monotonic)
         try:
-            if not store.job_long_mark_started(row.id, row.claim_token, clock()):
-                logger.warning("long lane lost row %s before it started", row.id)
+            if not store.job_long_mark_started(job.id, token, clock()):
+                logger.warning("long lane lost job %s before it started", job.id)
                 return
             target: Target | None
             try:
-                target = get_target(row.target)
+                target = get_target(job.target)
             except UnknownTarget as exc:
                 target, error = None, exc
             else:
-                error = call_handler(target, row)
-            duration_ms = (self._monotonic() - started_clock) * 1000
-            result = RunResult(row, judge(row, target, error, clock(), self.settings), duration_ms)
-            self._record(row.claim_token, result, clock)
+                error = call_handler(target, job)
+            duration_ms = (self._monotonic() - started) * 1000
+            result = RunResult(job, judge(job, target, error, clock(), self.settings), duration_ms)
+            self._record(token, result, clock)
             if probe and not result.outcome.pause_target:
-                self.pauses.probe_answered(row.target)
+                self.pauses.probe_answered(job.target)
         finally:
             with self._lock:
-                self._in_hand.pop(row.id, None)
+                self._in_hand.pop(job.id, None)
             self.on_row_done()
 
     def _record(self, token: str, result: RunResult, clock: Callable[[], datetime]) -> None:
@@ -150,7 +149,7 @@ class LongLane:
                 if self.should_stop() and self._monotonic() > stop_by:
                     logger.error("long lane gave up writing the outcome of job %s (%s) while "
                                  "stopping: the database is still unreachable",
-                                 result.row.id, result.outcome.kind.value)
+                                 result.job.id, result.outcome.kind.value)
                     return
                 self._sleep(backoff_s(failures))
                 continue

@@ -1,0 +1,827 @@
+"""The queue's statements: enqueue, leases, both lanes' reads and every outcome write.
+
+The worker loops, leases and outcome code never write SQL; they call these functions.
+Each is one named state transition or read, its guard in its name or docstring, so the
+hot SQL is reviewed and indexed from this file alone. Decision times come from the
+caller: workers read the database's clock (``dialect.db_now``) so skewed worker clocks
+stay correct, and tests pass a fixed ``now``. Status changes come from ``states``.
+
+Over 400 lines because it is meant to be read whole: this is every statement a worker
+runs, in the order a job meets them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from jobs_engine import states
+from jobs_engine.job import Job
+from jobs_engine.lanes.outage import OutageRecord
+from jobs_engine.models import Job as JobTable
+from jobs_engine.models import JobStat, Partition, TargetPause, VersionCounter, Worker
+from jobs_engine.states import DEAD, DELETED, PENDING, RUNNING, DeliveryMode, Lane
+from jobs_engine.store.dialect import (
+    clock_sql,
+    dt,
+    execute,
+    fetch,
+    greatest,
+    in_,
+    json_param,
+    jsonb,
+    notify_after_insert,
+    read_dt,
+    read_json,
+    skip_locked,
+    table,
+    values_,
+    writable_ctes,
+)
+from jobs_engine.text import clean
+
+__all__ = [
+    "CLOSED",
+    "COUNTERS",
+    "DONE",
+    "ENQUEUE",
+    "JOBS",
+    "JOB_STATS",
+    "LAST_ERROR_LIMIT",
+    "NOTIFY_CHANNEL",
+    "PARTITIONS",
+    "PAUSES",
+    "RESCUE_PRESUMED_DEAD",
+    "RESCUE_REASON",
+    "RESCUE_RELEASE",
+    "RESERVE",
+    "RETRIED",
+    "TAKEOVER_PRESUMED_DEAD",
+    "TAKEOVER_REASON",
+    "WORKERS",
+    "ClosedJob",
+    "FastPoll",
+    "Guard",
+    "NewJob",
+    "PauseRow",
+    "TakenPartition",
+    "cut_error",
+    "inflight_close_after_takeover",
+    "job_close_dead",
+    "job_long_mark_started",
+    "job_release_unchanged",
+    "job_retry_later",
+    "job_stats_add",
+    "jobs_delete_succeeded",
+    "jobs_fast_due",
+    "jobs_fast_poll",
+    "jobs_hold_key_until",
+    "jobs_ids_by_dedupe_key",
+    "jobs_insert_many",
+    "jobs_long_renew",
+    "jobs_long_rescue_expired",
+    "jobs_long_reserve",
+    "jobs_still_pending",
+    "partition_owner_counts",
+    "partition_take_free",
+    "partitions_clear_inflight",
+    "partitions_mark_inflight_if_leased",
+    "partitions_release",
+    "partitions_release_owned",
+    "partitions_renew_if_owner",
+    "partitions_seed",
+    "pause_claim_probe",
+    "pause_clear",
+    "pause_set",
+    "pauses_all",
+    "version_counter_next",
+    "worker_beat",
+    "worker_delete",
+    "workers_live",
+]
+
+JOBS = JobTable._meta.db_table
+PARTITIONS = Partition._meta.db_table
+WORKERS = Worker._meta.db_table
+PAUSES = TargetPause._meta.db_table
+COUNTERS = VersionCounter._meta.db_table
+JOB_STATS = JobStat._meta.db_table
+
+NOTIFY_CHANNEL = "jobs_engine"
+LAST_ERROR_LIMIT = 2000
+TAKEOVER_REASON = "in flight when its partition was taken over"
+RESCUE_REASON = "lease expired while running; at-most-once rows are not run twice"
+
+# The state machine's edges each statement below takes.
+ENQUEUE = states.transition(DELETED, to=PENDING)
+RESERVE = states.transition(PENDING, to=RUNNING)
+RESCUE_PRESUMED_DEAD = states.transition(RUNNING, to=DEAD)
+RESCUE_RELEASE = states.transition(RUNNING, to=PENDING)
+TAKEOVER_PRESUMED_DEAD = states.transition(PENDING, to=DEAD)
+# Outcomes: from the lane's own status, or from a DEAD its holder's late write replaces.
+DONE = {Lane.FAST: states.transition(PENDING, DEAD, to=DELETED),
+        Lane.LONG: states.transition(RUNNING, DEAD, to=DELETED)}
+RETRIED = {Lane.FAST: states.transition(PENDING, DEAD, to=PENDING),
+           Lane.LONG: states.transition(RUNNING, DEAD, to=PENDING)}
+CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
+          Lane.LONG: states.transition(RUNNING, DEAD, to=DEAD)}
+
+_PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
+
+# What a lane reads of a row, in the order of ``Job``'s fields.
+_JOB_COLUMNS = ("id", "target", "code", "key", "version", "payload", "headers", "attempts",
+                "trace_id", "dedupe_key", "actor", "created_at", "partition", "delivery_mode")
+_COLUMNS = ", ".join(_JOB_COLUMNS)
+
+
+def _job(row: Sequence[Any]) -> Job:
+    """A row of ``_JOB_COLUMNS`` (positional: this runs for every row a lane reads)."""
+    (job_id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key,
+     actor, created_at, partition, delivery_mode) = row[:14]
+    return Job(job_id, target, code, key, version, payload,
+               read_json(headers) if headers != "{}" else {}, attempts, trace_id, dedupe_key,
+               read_json(actor), read_dt(created_at), partition, delivery_mode)
+
+
+def cut_error(text: str) -> str:
+    return clean(text, LAST_ERROR_LIMIT)
+
+
+# -- enqueue ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """A row to insert, as ``enqueue`` built it."""
+
+    code: str
+    target: str
+    lane: str
+    key: str | None
+    partition: int
+    version: int
+    payload_json: str
+    headers: dict[str, Any]
+    dedupe_key: str
+    delivery_mode: str
+    trace_id: str
+    actor: dict[str, Any] | None
+    run_at: datetime | None
+
+
+_INSERT_COLUMNS = ("code", "target", "lane", "key", "partition", "version", "payload", "headers",
+                   "dedupe_key", "delivery_mode", "run_at", "trace_id", "actor")
+_INSERT_TYPES = ("text", "text", "text", "text", "smallint", "bigint", "text", "text", "text",
+                 "text", "timestamptz", "text", "text")
+
+
+def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = None
+                     ) -> dict[str, int]:
+    """Insert PENDING rows, skipping any whose dedupe_key exists; returns dedupe_key → id
+    of the rows inserted.
+
+    ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the caller's
+    transaction. On PostgreSQL the statement also queues a NOTIFY per lane, delivered when
+    the caller's transaction commits. A new row of a key whose head waits for a retry
+    starts at the head's run time: it is held until then anyway, and keeping held rows
+    out of the due range keeps the fast poll's cost flat.
+    """
+    if not rows:
+        return {}
+    source, params = table(
+        [(row.code, row.target, row.lane, row.key, row.partition, row.version,
+          row.payload_json, json_param(row.headers), row.dedupe_key, row.delivery_mode,
+          dt(row.run_at, using), row.trace_id,
+          json_param(row.actor) if row.actor is not None else None) for row in rows],
+        _INSERT_TYPES, using=using, arrays_from=1)  # one text for every batch size
+    stamp, stamp_params = clock_sql(now, using)
+    head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
+                   "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
+                   "ORDER BY h.version, h.id LIMIT 1)")
+    insert = (
+        f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
+        f"v AS (SELECT u.*, COALESCE(u.run_at, {stamp}) AS due, {stamp} AS stamp FROM u) "
+        f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
+        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
+        "created_at, updated_at) "
+        f"SELECT code, target, lane, key, partition, version, {jsonb('payload', using)}, "
+        f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
+        f"{greatest('due', f'COALESCE({head_run_at}, due)')}, '', trace_id, "
+        f"{jsonb('actor', using)}, stamp, stamp FROM v WHERE true "
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
+    sql = notify_after_insert(insert, NOTIFY_CHANNEL)
+    return {row[1]: row[0] for row in fetch(sql, [*params, *stamp_params, *stamp_params],
+                                            using)}
+
+
+def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
+                           ) -> dict[str, int]:
+    clause, params = in_("dedupe_key", dedupe_keys, using)
+    return {key: job_id for job_id, key in fetch(
+        f"SELECT id, dedupe_key FROM {JOBS} WHERE {clause}", params, using)}
+
+
+def version_counter_next(key: str, using: str | None = None) -> int:
+    """Atomically add one to the counter of ``key`` (row-locked until the caller commits)."""
+    return fetch(
+        f"INSERT INTO {COUNTERS} (key, value) VALUES (%s, 1) ON CONFLICT (key) "
+        f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", [key], using,
+    )[0][0]
+
+
+# -- workers and partition leases --------------------------------------------------------
+
+
+def partitions_seed(count: int) -> int:
+    """Create partition rows 0..count-1 that are missing; safe for many workers at once."""
+    rows, params = values_([(number, "[]") for number in range(count)])
+    return execute(f"INSERT INTO {PARTITIONS} (partition, inflight_ids) {rows} "
+                   "ON CONFLICT (partition) DO NOTHING", params)
+
+
+def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str,
+                outages: OutageRecord | None = None) -> None:
+    """Insert or refresh this worker's liveness row, with the database outages it lived
+    through."""
+    outages = outages or OutageRecord()
+    execute(
+        f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes, "
+        "db_outages, last_db_outage_at, last_db_outage_s, last_db_error) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
+        "DO UPDATE SET heartbeat_at = excluded.heartbeat_at, db_outages = excluded.db_outages, "
+        "last_db_outage_at = excluded.last_db_outage_at, "
+        "last_db_outage_s = excluded.last_db_outage_s, last_db_error = excluded.last_db_error",
+        [worker_id, dt(now), dt(now), hostname, pid, lanes, outages.count,
+         dt(outages.last_at), outages.last_s, cut_error(outages.last_error)],
+    )
+
+
+def worker_delete(worker_id: str) -> None:
+    execute(f"DELETE FROM {WORKERS} WHERE worker_id = %s", [worker_id])
+
+
+def workers_live(now: datetime, within_s: float) -> list[str]:
+    """Worker ids whose heartbeat is newer than ``within_s`` seconds."""
+    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s ORDER BY worker_id",
+                 [dt(now - timedelta(seconds=within_s))])
+    return [row[0] for row in rows]
+
+
+def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list[int]:
+    """Extend every lease ``owner`` still holds; a lease already expired is not renewed
+    (another worker may have taken it). Returns the partitions still held."""
+    rows = fetch(
+        f"UPDATE {PARTITIONS} SET lease_until = %s WHERE owner = %s AND lease_until > %s "
+        "RETURNING partition",
+        [dt(now + timedelta(seconds=lease_s)), owner, dt(now)],
+    )
+    return sorted(row[0] for row in rows)
+
+
+def partition_owner_counts(now: datetime) -> dict[str, int]:
+    rows = fetch(
+        f"SELECT owner, COUNT(*) FROM {PARTITIONS} WHERE owner IS NOT NULL AND lease_until > %s "
+        "GROUP BY owner", [dt(now)],
+    )
+    return {owner: count for owner, count in rows}
+
+
+@dataclass(frozen=True)
+class TakenPartition:
+    partition: int
+    inflight_ids: list[int]
+    inflight_token: str | None
+
+
+def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenPartition | None:
+    """Take one partition that has no owner or an expired lease.
+
+    One conditional UPDATE per take: the guard repeats the "free" test, so two workers
+    racing for a partition cannot both win. Returns the previous in-flight mark so the
+    new owner can judge it.
+    """
+    free = fetch(
+        f"SELECT partition FROM {PARTITIONS} WHERE owner IS NULL OR lease_until IS NULL "
+        "OR lease_until <= %s ORDER BY partition LIMIT 8", [dt(now)],
+    )
+    for (number,) in free:
+        rows = fetch(
+            f"UPDATE {PARTITIONS} SET owner = %s, lease_until = %s WHERE partition = %s "
+            "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %s) "
+            "RETURNING partition, inflight_ids, inflight_token",
+            [owner, dt(now + timedelta(seconds=lease_s)), number, dt(now)],
+        )
+        if rows:
+            number, ids, token = rows[0]
+            return TakenPartition(number, [int(i) for i in read_json(ids) or []], token)
+    return None
+
+
+def partitions_release(owner: str, partitions: Sequence[int]) -> int:
+    """Give partitions back (only while ``owner`` still holds them)."""
+    clause, params = in_("partition", partitions)
+    return execute(
+        f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s AND {clause}",
+        [owner, *params],
+    )
+
+
+def partitions_release_owned(owner: str) -> int:
+    return execute(f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s",
+                   [owner])
+
+
+# -- in-flight marks ----------------------------------------------------------------------
+
+
+def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+    """``(id, attempts)`` is one of ``rows``: an ``id IN`` per attempts value (a send's
+    rows mostly share one), so even a large queue is read by its primary key."""
+    ids_by_attempts: dict[int, list[int]] = {}
+    for job_id, attempts in rows:
+        ids_by_attempts.setdefault(attempts, []).append(job_id)
+    clauses, params = [], []
+    for attempts, ids in ids_by_attempts.items():
+        ids_clause, ids_params = in_("id", ids)
+        clauses.append(f"({ids_clause} AND attempts = %s)")
+        params += [*ids_params, attempts]
+    return f"({' OR '.join(clauses)})", params
+
+
+def partitions_mark_inflight_if_leased(
+    owner: str, now: datetime, inflight: Mapping[int, Sequence[int]], token: str,
+    sending: Sequence[tuple[int, int, int]],
+) -> set[int]:
+    """Record rows about to be handed to a target in their partitions' in-flight marks,
+    under the poll's token, in one statement for every partition of the send.
+
+    ``inflight`` maps each partition of the send to every row handed in this poll so far
+    plus the rows about to go; ``sending`` is those rows as (partition, id, attempts).
+    A partition is marked only while ``owner`` holds a live lease on it and every row of
+    it in ``sending`` is still PENDING as read (a takeover or an admin may have closed
+    one). Returns the partitions marked; for the others send nothing, and
+    ``jobs_still_pending`` tells a lost lease from a closed row.
+    """
+    counts: dict[int, int] = {}
+    for partition, _, _ in sending:
+        counts[partition] = counts.get(partition, 0) + 1
+    marks, mark_params = table([(p, json_param(list(inflight[p])), n)
+                                for p, n in counts.items()], ("int", "jsonb", "int"))
+    sent, sent_params = _id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
+    rows = fetch(
+        f"WITH mark(partition, ids, n) AS ({marks}), "
+        f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
+        f"WHERE status = %s AND {sent} GROUP BY partition) "
+        f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb('mark.ids')}, inflight_token = %s "
+        "FROM mark JOIN live ON live.partition = mark.partition AND live.n = mark.n "
+        f"WHERE {PARTITIONS}.partition = mark.partition AND {PARTITIONS}.owner = %s "
+        f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition",
+        [*mark_params, _PENDING, *sent_params, token, owner, dt(now)],
+    )
+    return {row[0] for row in rows}
+
+
+def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
+    """Ids of the (id, attempts) rows that are still PENDING as read."""
+    pending, params = _id_attempts_in(rows)
+    return {row[0] for row in fetch(
+        f"SELECT id FROM {JOBS} WHERE status = %s AND {pending}", [_PENDING, *params])}
+
+
+def partitions_clear_inflight(token: str) -> None:
+    """Clear the in-flight marks a poll made (its outcomes are written)."""
+    execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
+            "WHERE inflight_token = %s", ["[]", token])
+
+
+@dataclass(frozen=True)
+class ClosedJob:
+    id: int
+    target: str
+    code: str
+    dedupe_key: str
+    reason: str
+
+
+def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[ClosedJob]:
+    """Judge the rows the previous owner had in flight.
+
+    A row whose outcome was written under that token is left alone. At-most-once rows
+    go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent again.
+    The DEAD rows keep the previous holder's token (``Guard``): if that worker is alive
+    after all (a database outage, a stall), its outcome write still lands.
+    """
+    closed: list[ClosedJob] = []
+    if taken.inflight_ids:
+        clause, params = in_("id", taken.inflight_ids)
+        rows = fetch(
+            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
+            f"claim_token = %s WHERE {clause} AND status = %s AND delivery_mode = %s "
+            "AND (outcome_token IS NULL OR outcome_token <> %s) "
+            "RETURNING id, target, code, dedupe_key",
+            [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now),
+             taken.inflight_token, *params, *TAKEOVER_PRESUMED_DEAD.source_values,
+             DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
+        )
+        closed = [ClosedJob(r[0], r[1], r[2], r[3], TAKEOVER_REASON) for r in rows]
+    if taken.inflight_token:
+        execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
+                "WHERE partition = %s AND inflight_token = %s",
+                ["[]", taken.partition, taken.inflight_token])
+    return closed
+
+
+# -- fast lane ----------------------------------------------------------------------------
+
+
+def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
+                    whole_backlog: bool = False) -> tuple[str, list[Any]]:
+    """The heads of each target in ``limits``, UNION ALL: ``_JOB_COLUMNS`` plus
+    ``next_run_at``.
+
+    A target's heads are those among its first ``limit`` due rows (its window), so a deep
+    backlog on few keys costs a poll ``limit`` rows, not the whole backlog; the later
+    versions among them wait for a later poll. ``whole_backlog``: the first ``limit``
+    heads of the whole due backlog.
+    """
+    part_clause, part_params = in_("j.partition", partitions)
+    due = (f"SELECT {', '.join('j.' + c for c in _JOB_COLUMNS)}, "
+           f"j.next_run_at FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+           f"AND j.target = %s AND j.next_run_at <= %s AND {part_clause}")
+    head = ("(j.key IS NULL OR NOT EXISTS ("
+            f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
+            "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
+            "AND (e.version, e.id) < (j.version, j.id)))")
+    order = "ORDER BY j.next_run_at, j.id LIMIT %s"
+    if whole_backlog:
+        per_target = f"SELECT * FROM ({due} AND {head} {order}) AS t{{n}}"
+    else:
+        per_target = f"SELECT * FROM ({due} {order}) AS j WHERE {head}"
+    branches, params = [], []
+    for n, (target, limit) in enumerate(limits.items()):
+        branches.append(per_target.format(n=n))
+        due_params = [Lane.FAST.value, _PENDING, target, dt(now), *part_params]
+        params += ([*due_params, _PENDING, limit] if whole_backlog
+                   else [*due_params, limit, _PENDING])
+    return " UNION ALL ".join(branches), params
+
+
+def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
+                  whole_backlog: bool = False) -> list[Job]:
+    """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) in
+    the given partitions, each the head of its key, in run order: the heads among each
+    target's first ``limit`` due rows (``_fast_heads_sql``).
+
+    A row is the head when no PENDING row of the same target and key comes before it in
+    (version, id) order, whatever that row's run time: a row waiting for a retry holds
+    the later versions of its key (``jobs_hold_key_until`` moves those out of the way).
+    DEAD rows hold nothing. Index-backed: one scan of ``jobs_fast_pending_due`` per
+    target, so a paused target's backlog is never walked, and each hold test is one
+    probe of ``jobs_pending_key_order``.
+
+    ``whole_backlog``: the first heads of each target's whole due backlog instead. A
+    window holds no head when every row in it waits for an earlier version due later
+    (versions committed out of order); this walk keeps the lane from stalling behind
+    them, and reads the whole backlog, so the lane runs it seldom.
+    """
+    if not limits or not partitions:
+        return []
+    union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog)
+    return [_job(row) for row in fetch(
+        f"SELECT {_COLUMNS} FROM ({union}) AS due ORDER BY next_run_at, id", params)]
+
+
+@dataclass(frozen=True)
+class FastPoll:
+    jobs: list[Job]
+    marked_target: str | None = None  # the target whose rows the poll marked in flight
+    marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
+
+
+def jobs_fast_poll(
+    partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
+    token: str, markable: Collection[str],
+) -> FastPoll:
+    """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
+    read itself when that send takes the whole poll.
+
+    The first send is the rows of the first target in name order (the lane sends target
+    by target in that order); its rows are marked when that target is in ``markable``.
+    Marks are those of ``partitions_mark_inflight_if_leased`` (poll token, live lease of
+    ``owner``); a partition whose lease is gone is not marked. With writable CTEs
+    (PostgreSQL) one statement reads and marks, so a marked row is PENDING as read and no
+    mark statement of its own (the largest fixed cost of a send) is needed; otherwise the
+    read is followed by the guarded mark.
+    """
+    if not limits or not partitions:
+        return FastPoll([])
+    if not writable_ctes():
+        jobs = jobs_fast_due(partitions, now, limits)
+        first = min((job.target for job in jobs), default=None)
+        if first not in markable:
+            return FastPoll(jobs)
+        wanted: dict[int, list[int]] = {}
+        for job in jobs:
+            if job.target == first:
+                wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
+        marked = partitions_mark_inflight_if_leased(
+            owner, now, wanted, token,
+            [(job.partition, job.id, job.attempts) for job in jobs  # type: ignore[misc]
+             if job.target == first])
+        return FastPoll(jobs, first, {p: ids for p, ids in wanted.items() if p in marked})
+    union, params = _fast_heads_sql(partitions, now, limits)
+    markable_clause, markable_params = in_("target", list(markable))
+    first_send = f"target = (SELECT min(target) FROM due) AND {markable_clause}"
+    # The marks as one object {partition: ids}: the update reads the owner's partitions
+    # once, where a join of one row per partition compared every pair (64 by 64).
+    fetched = fetch(
+        f"WITH due AS MATERIALIZED ({union}), "
+        "first_send AS MATERIALIZED (SELECT jsonb_object_agg(partition, ids) AS marks "
+        f"FROM (SELECT partition, jsonb_agg(id) AS ids FROM due WHERE {first_send} "
+        "GROUP BY partition) AS by_partition), "
+        f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = f.marks -> p.partition::text, "
+        "inflight_token = %s FROM first_send f WHERE f.marks ? p.partition::text "
+        "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
+        f"SELECT {_COLUMNS}, {first_send} AND partition IN (SELECT partition FROM marked) "
+        "FROM due ORDER BY next_run_at, id",
+        [*params, *markable_params, token, owner, dt(now), *markable_params],
+    )
+    jobs = [_job(row) for row in fetched]
+    marks: dict[int, list[int]] = {}
+    for job, values in zip(jobs, fetched, strict=True):
+        if values[-1]:
+            marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
+    first = min((job.target for job in jobs), default=None)
+    return FastPoll(jobs, first if first in markable else None, marks)
+
+
+def jobs_hold_key_until(job: Job, run_at: datetime) -> int:
+    """Move the later PENDING versions of a retrying row's key to its retry time.
+
+    They are held anyway (the row is the key's head); moving them keeps the poll's scan
+    from walking them again and again until then.
+    """
+    return execute(
+        f"UPDATE {JOBS} SET next_run_at = %s WHERE status = %s AND partition = %s "
+        "AND target = %s AND key = %s AND (version > %s OR (version = %s AND id > %s)) "
+        "AND next_run_at < %s",
+        [dt(run_at), _PENDING, job.partition, job.target, job.key, job.version, job.version,
+         job.id, dt(run_at)],
+    )
+
+
+# -- long lane ----------------------------------------------------------------------------
+
+
+def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
+    """Deal with RUNNING rows whose lease expired (their worker died or stalled).
+
+    At-most-once rows whose handler had started go DEAD instead of running twice, keeping
+    their claim token (``Guard``: a holder alive after all still writes what happened);
+    every other expired row goes back to PENDING for any worker to reserve. Returns the
+    rows closed and the number released.
+    """
+    expired = dt(now)
+    dead = fetch(
+        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
+        "lease_until = NULL, updated_at = %s "
+        "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
+        "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
+        [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired,
+         *RESCUE_PRESUMED_DEAD.source_values, expired, DeliveryMode.AT_MOST_ONCE.value],
+    )
+    released = execute(
+        f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
+        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s "
+        "WHERE status = %s AND lease_until <= %s",
+        [RESCUE_RELEASE.target, expired, *RESCUE_RELEASE.source_values, expired],
+    )
+    return [ClosedJob(r[0], r[1], r[2], r[3], RESCUE_REASON) for r in dead], released
+
+
+def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
+                      exclusive_targets: Sequence[str] = (), targets: Sequence[str]
+                      ) -> list[Job]:
+    """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
+    and a lease.
+
+    Rows of an exclusive target also take ``running_code = code``; the unique partial
+    index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
+    on any worker, and such a loser is simply not reserved.
+    """
+    lease_until = dt(now + timedelta(seconds=lease_s))
+    target_clause, target_params = in_("j.target", targets)
+    excl_clause, excl_params = in_("j.target", exclusive_targets)
+    reserved: list[Job] = []
+    with transaction.atomic():
+        candidates = fetch(
+            f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+            f"AND j.next_run_at <= %s AND {target_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
+            f"SELECT 1 FROM {JOBS} r WHERE r.status = %s AND r.running_code = j.code)) "
+            f"ORDER BY j.next_run_at, j.id LIMIT %s{skip_locked()}",
+            [Lane.LONG.value, _PENDING, dt(now), *target_params, *excl_params, _RUNNING, limit],
+        )
+        exclusive = set(exclusive_targets)
+        plain_ids = [job_id for job_id, target, _ in candidates if target not in exclusive]
+        seen_codes: set[str] = set()
+        exclusive_rows = []
+        for job_id, target, code in candidates:
+            if target in exclusive and code not in seen_codes:
+                seen_codes.add(code)
+                exclusive_rows.append((job_id, code))
+        update = (
+            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
+            "running_code = %s, started_at = NULL, updated_at = %s WHERE {where} AND status = %s "
+            f"RETURNING {_COLUMNS}"
+        )
+        if plain_ids:
+            clause, params = in_("id", plain_ids)
+            rows = fetch(update.format(where=clause),
+                         [RESERVE.target, token, owner, lease_until, None, dt(now), *params,
+                          *RESERVE.source_values])
+            reserved += [_job(row) for row in rows]
+        for job_id, code in exclusive_rows:
+            try:
+                with transaction.atomic():
+                    rows = fetch(update.format(where="id = %s"),
+                                 [RESERVE.target, token, owner, lease_until, code, dt(now),
+                                  job_id, *RESERVE.source_values])
+            except IntegrityError:
+                continue  # another worker runs this code right now
+            reserved += [_job(row) for row in rows]
+    return sorted(reserved, key=lambda job: job.id or 0)
+
+
+def job_long_mark_started(job_id: int, token: str, now: datetime) -> bool:
+    """Record that the handler is about to run; False when the claim was lost."""
+    return execute(
+        f"UPDATE {JOBS} SET started_at = %s WHERE id = %s AND claim_token = %s AND status = %s",
+        [dt(now), job_id, token, _RUNNING],
+    ) == 1
+
+
+def jobs_long_renew(tokens: Sequence[str], now: datetime, lease_s: float) -> set[str]:
+    """Extend the leases of RUNNING rows held under ``tokens``; returns the tokens renewed."""
+    clause, params = in_("claim_token", tokens)
+    rows = fetch(
+        f"UPDATE {JOBS} SET lease_until = %s WHERE status = %s AND {clause} "
+        "AND lease_until > %s RETURNING claim_token",
+        [dt(now + timedelta(seconds=lease_s)), _RUNNING, *params, dt(now)],
+    )
+    return {row[0] for row in rows}
+
+
+# -- outcomes (both lanes) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a holder's outcome write must still match.
+
+    Fast lane: the row is PENDING with the attempts it was read with; the write is stamped
+    with the in-flight token. Long lane: the row is RUNNING under the claim token.
+
+    Either way a row that another worker *presumed* DEAD because its holder vanished (a
+    takeover of an at-most-once row in flight, the rescue of an expired at-most-once
+    lease) still matches: it keeps the holder's token in ``claim_token``, and the holder,
+    back after a database outage or a stall, writes what really happened. A delivered row
+    is then recorded as delivered, never left DEAD.
+    """
+
+    lane: Lane
+    token: str
+
+    def match(self, rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+        """SQL true for the ``(id, attempts read)`` rows this holder may still write."""
+        ids, id_params = in_("id", [job_id for job_id, _ in rows])
+        if self.lane is Lane.LONG:
+            return (f"{ids} AND status IN (%s, %s) AND claim_token = %s",
+                    [*id_params, _RUNNING, _DEAD, self.token])
+        if len({attempts for _, attempts in rows}) == 1:
+            read, read_params = "attempts = %s", [rows[0][1]]
+        else:
+            read, read_params = _id_attempts_in(rows)
+        return (f"{ids} AND ((status = %s AND {read}) OR (status = %s AND claim_token = %s))",
+                [*id_params, _PENDING, *read_params, _DEAD, self.token])
+
+    def sets(self) -> tuple[str, list[Any]]:
+        if self.lane is Lane.FAST:
+            return "outcome_token = %s, claim_token = NULL", [self.token]
+        return ("claim_token = NULL, claimed_by = NULL, lease_until = NULL, running_code = NULL, "
+                "started_at = NULL", [])
+
+
+def jobs_delete_succeeded(guard: Guard, rows: Sequence[tuple[int, int]]) -> int:
+    """Delete rows whose handler returned (one statement for a whole send); ``rows`` are
+    (id, attempts read)."""
+    assert DONE[guard.lane].target is DELETED
+    if not rows:
+        return 0
+    where, params = guard.match(rows)
+    return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
+
+
+def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,
+                    now: datetime) -> bool:
+    """An answered failure: one more attempt spent, run again at ``run_at``."""
+    where, where_params = guard.match([(job_id, attempts)])
+    sets, set_params = guard.sets()
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, attempts = attempts + 1, next_run_at = %s, "
+        f"last_error = %s, closed_at = NULL, updated_at = %s, {sets} WHERE {where}",
+        [RETRIED[guard.lane].target, dt(run_at), cut_error(error), dt(now), *set_params,
+         *where_params],
+    ) == 1
+
+
+def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str | None,
+                          now: datetime) -> bool:
+    """Not sent (target unreachable, or not this worker's probe): no attempt spent; the
+    long lane gives the claim back. ``error=None`` keeps the row's last error."""
+    where, where_params = guard.match([(job_id, attempts)])
+    sets, set_params = guard.sets()
+    error_sql, error_params = ("last_error = %s, ", [cut_error(error)]) if error is not None \
+        else ("", [])
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, {error_sql}closed_at = NULL, updated_at = %s, {sets} "
+        f"WHERE {where}",
+        [RETRIED[guard.lane].target, *error_params, dt(now), *set_params, *where_params],
+    ) == 1
+
+
+def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: datetime, *,
+                   spend_attempt: bool) -> bool:
+    where, where_params = guard.match([(job_id, attempts)])
+    sets, set_params = guard.sets()
+    spent = "attempts = attempts + 1, " if spend_attempt else ""
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, {spent}closed_at = %s, last_error = %s, updated_at = %s, "
+        f"{sets} WHERE {where}",
+        [CLOSED[guard.lane].target, dt(now), cut_error(error), dt(now), *set_params,
+         *where_params],
+    ) == 1
+
+
+def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
+    """Add run counts per (hour, target, outcome) in one upsert.
+
+    Rows go in sorted order so two workers upserting the same buckets lock them in the
+    same order (no deadlock).
+    """
+    if not counts:
+        return
+    rows = [(dt(hour), target, outcome, count)
+            for (hour, target, outcome), count in sorted(counts.items())]
+    values, params = values_(rows)
+    execute(
+        f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) {values} "
+        "ON CONFLICT (hour, target, outcome) "
+        f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count", params,
+    )
+
+
+# -- shared pause state -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseRow:
+    target: str
+    paused_until: datetime
+    reason: str
+
+
+def pauses_all() -> list[PauseRow]:
+    return [PauseRow(t, read_dt(u), r) for t, u, r in  # type: ignore[arg-type]
+            fetch(f"SELECT target, paused_until, reason FROM {PAUSES}")]
+
+
+def pause_set(target: str, now: datetime, probe_s: float, reason: str) -> None:
+    """Pause ``target`` until ``now + probe_s`` (insert or extend)."""
+    until = dt(now + timedelta(seconds=probe_s))
+    execute(
+        f"INSERT INTO {PAUSES} (target, paused_until, reason, paused_at, probe_by) "
+        "VALUES (%s, %s, %s, %s, NULL) ON CONFLICT (target) DO UPDATE SET "
+        "paused_until = excluded.paused_until, reason = excluded.reason, probe_by = NULL",
+        [target, until, cut_error(reason), dt(now)],
+    )
+
+
+def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) -> bool:
+    """Win the right to send one probe row of a paused target whose pause ran out.
+
+    The guard on the old ``paused_until`` makes the probe cluster-wide: one worker wins
+    per ``PROBE_S``, the rest keep skipping the target.
+    """
+    return execute(
+        f"UPDATE {PAUSES} SET paused_until = %s, probe_by = %s "
+        "WHERE target = %s AND paused_until <= %s",
+        [dt(now + timedelta(seconds=probe_s)), owner, target, dt(now)],
+    ) == 1
+
+
+def pause_clear(target: str) -> int:
+    return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])
