@@ -98,30 +98,31 @@ def next_run_text(row: Schedule) -> str:
 def enable(code: Any, actor: Any = None, now: datetime | None = None) -> Schedule:
     """Enable (a no-op on an enabled row, still audited); slots missed while disabled are
     dropped: the next slot is the first after now."""
-    def attempt(code: str) -> tuple[Schedule, str]:
-        row = get_schedule(code)
-        if row.enabled:
-            return row, f"already enabled; next run {next_run_text(row)}"
-        when = now or store.db_now()
-        Schedule.objects.filter(pk=row.pk, enabled=False).update(
-            enabled=True, next_run_at=row_spec(row).next_after(when), updated_at=when)
-        row = get_schedule(code)
-        return row, f"next run {next_run_text(row)}"
-
-    return act(ENABLE, SCHEDULE, code, actor, check_code, attempt)
+    return _set_enabled(ENABLE, code, True, actor, now)
 
 
 def disable(code: Any, actor: Any = None, now: datetime | None = None) -> Schedule:
     """Disable: the tick makes no new slots; a slot already enqueued still runs."""
+    return _set_enabled(DISABLE, code, False, actor, now)
+
+
+def _set_enabled(action: str, code: Any, enabled: bool, actor: Any, now: datetime | None
+                 ) -> Schedule:
     def attempt(code: str) -> tuple[Schedule, str]:
         row = get_schedule(code)
-        if not row.enabled:
-            return row, "already disabled"
-        Schedule.objects.filter(pk=row.pk).update(enabled=False,
-                                                  updated_at=now or store.db_now())
-        return get_schedule(code), ""
+        if row.enabled == enabled:
+            state = "enabled" if enabled else "disabled"
+            return row, f"already {state}" + (f"; next run {next_run_text(row)}" if enabled
+                                              else "")
+        when = now or store.db_now()
+        changes: dict[str, Any] = {"enabled": enabled, "updated_at": when}
+        if enabled:  # the first slot after now: the ones missed while disabled are dropped
+            changes["next_run_at"] = row_spec(row).next_after(when)
+        Schedule.objects.filter(pk=row.pk, enabled=not enabled).update(**changes)
+        row = get_schedule(code)
+        return row, f"next run {next_run_text(row)}" if enabled else ""
 
-    return act(DISABLE, SCHEDULE, code, actor, check_code, attempt)
+    return act(action, SCHEDULE, code, actor, check_code, attempt)
 
 
 def set_cron_override(code: Any, cron: Any, actor: Any = None,

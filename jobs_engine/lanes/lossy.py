@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from jobs_engine.conf import JobsSettings
 from jobs_engine.job import Job
 from jobs_engine.lanes.handlers import call_handler
-from jobs_engine.lanes.outcomes import log_run
 from jobs_engine.registry import Target
+from jobs_engine.signals import log_run
 from jobs_engine.store import NewJob
 
 logger = logging.getLogger("jobs_engine")

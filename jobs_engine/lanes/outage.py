@@ -13,11 +13,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime
 
 from django.db import InterfaceError, OperationalError, connection
 from django.utils import timezone
+
+from jobs_engine.store import OutageRecord
 
 logger = logging.getLogger("jobs_engine")
 
@@ -40,17 +40,6 @@ def is_database_fault(exc: BaseException) -> bool:
 def backoff_s(failures: int) -> float:
     """Seconds to wait after ``failures`` failures in a row: 0.5, 1, 2, 4, then 5."""
     return min(BACKOFF_FIRST_S * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
-
-
-@dataclass(frozen=True)
-class OutageRecord:
-    """What the worker row shows: how many outages this process lived through, when the
-    last one started, how long it lasted and what the database said."""
-
-    count: int = 0
-    last_at: datetime | None = None
-    last_s: float = 0.0
-    last_error: str = ""
 
 
 class Outages:

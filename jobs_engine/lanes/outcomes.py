@@ -26,7 +26,7 @@ from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.registry import Target
-from jobs_engine.signals import job_dead
+from jobs_engine.signals import announce_dead, log_run
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -181,15 +181,6 @@ def report(results: Sequence[RunResult], written: Sequence[RunResult], now: date
                           result.outcome.error)
 
 
-def log_run(code: str, target: str, dedupe_key: str, attempts: int, duration_ms: float,
-            result: str, **extra: object) -> None:
-    """The one line every run writes (also an operator's skip or cancel, and a lossy
-    hand-off): ``job run code= target= dedupe_key= attempts= duration_ms= result=``."""
-    tail = "".join(f" {name}={value}" for name, value in extra.items())
-    logger.info("job run code=%s target=%s dedupe_key=%s attempts=%s duration_ms=%.1f "
-                "result=%s%s", code, target, dedupe_key, attempts, duration_ms, result, tail)
-
-
 def stat_hour(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
@@ -210,17 +201,6 @@ def _existing_ids(ids: Sequence[int]) -> set[int]:
     from jobs_engine.models import Job as JobTable
 
     return set(JobTable.objects.filter(id__in=ids).values_list("id", flat=True))
-
-
-def announce_dead(job_id: int, target: str, code: str, dedupe_key: str, reason: str) -> None:
-    """The DEAD alert: an error-level log line and the ``job_dead`` signal."""
-    logger.error("job dead alert id=%s target=%s code=%s dedupe_key=%s reason=%s",
-                 job_id, target, code, dedupe_key, reason)
-    # A failing receiver must not stop the outcomes still to be written.
-    for receiver, response in job_dead.send_robust(sender=None, job_id=job_id, target=target,
-                                                   code=code, reason=reason):
-        if isinstance(response, Exception):
-            logger.error("job_dead receiver %r failed: %r", receiver, response)
 
 
 def announce_closed(closed: Sequence[store.ClosedJob]) -> None:

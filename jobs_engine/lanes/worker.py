@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connection
 
@@ -180,6 +180,14 @@ class Wakeup:
         os.close(self._write_fd)
 
 
+class Step[T](NamedTuple):
+    """What one guarded step of the worker gave (``WorkerProcess._survive``)."""
+
+    value: T
+    ok: bool
+    database_fault: bool
+
+
 class WorkerProcess:
     def __init__(self, lanes: set[str], settings: JobsSettings | None = None) -> None:
         self.settings = settings or jobs_settings()
@@ -268,12 +276,12 @@ class WorkerProcess:
                 for lane, run_once in steps:
                     if lane not in self.lanes:
                         continue
-                    handled = self._guarded(run_once, f"{lane} lane")
-                    faulted |= handled is None
-                    handled_total += handled or 0
-                    delays.append(next_poll_delay(handled or 0, idle, self.settings))
+                    step = self._survive(f"{lane} lane poll", run_once, 0)
+                    faulted |= step.database_fault
+                    handled_total += step.value
+                    delays.append(next_poll_delay(step.value, idle, self.settings))
             for service in self.services:
-                delays.append(self._guarded_delay(service))
+                delays.append(self._survive("service", service, self.settings.POLL_S).value)
             idle = 0 if handled_total else idle + 1
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)
@@ -283,31 +291,21 @@ class WorkerProcess:
         assert self.long is not None
         return self.long.run_once()
 
-    def _guarded(self, step: Callable[[], int], where: str) -> int | None:
-        """Run one poll; a database fault is an outage to ride out (None), anything else a
-        bug to report in full (0). Neither kills the worker."""
+    def _survive[T](self, where: str, step: Callable[[], T], fallback: T) -> Step[T]:
+        """Run one step of the worker (a poll, a service, a beat): a database fault is an
+        outage to ride out, anything else a bug to report in full; neither kills the
+        worker, and after either the thread's connection is a fresh one."""
         try:
-            handled = step()
+            value = step()
         except Exception as exc:
             if is_database_fault(exc):
                 self.outages.failed(exc, where)
-                return None
-            logger.exception("worker %s %s poll failed", self.worker_id, where)
+                return Step(fallback, ok=False, database_fault=True)
+            logger.exception("worker %s %s failed", self.worker_id, where)
             close_quietly()
-            return 0
+            return Step(fallback, ok=False, database_fault=False)
         self.outages.succeeded()
-        return handled
-
-    def _guarded_delay(self, service: Callable[[], float]) -> float:
-        try:
-            return service()
-        except Exception as exc:
-            if is_database_fault(exc):
-                self.outages.failed(exc, "service")
-            else:
-                logger.exception("worker %s service failed", self.worker_id)
-                close_quietly()
-            return self.settings.POLL_S
+        return Step(value, ok=True, database_fault=False)
 
     # -- heartbeat --------------------------------------------------------------------------
 
@@ -327,17 +325,8 @@ class WorkerProcess:
     def _heartbeat_loop(self) -> None:
         interval = min(self.settings.PARTITION_HEARTBEAT_S, self.settings.LONG_HEARTBEAT_S)
         while not self._stop_beats.wait(interval):
-            try:
-                self._beat()
-            except Exception as exc:
-                if is_database_fault(exc):
-                    self.outages.failed(exc, "heartbeat")
-                else:
-                    logger.exception("worker %s heartbeat failed", self.worker_id)
-                    close_quietly()
-                continue
-            self.outages.succeeded()
-            self.pruner.maybe_run()
+            if self._survive("heartbeat", self._beat, None).ok:
+                self.pruner.maybe_run()
         close_quietly()
 
     def _shutdown(self, beat: threading.Thread) -> None:

@@ -21,8 +21,8 @@ from django.utils import timezone
 
 from jobs_engine import store
 from jobs_engine.errors import InvalidStatus, JobNotFound, OperationRefused
-from jobs_engine.lanes.outcomes import log_run
 from jobs_engine.models import AuditRecord, Job
+from jobs_engine.signals import log_run
 from jobs_engine.states import JobStatus, Lane
 from jobs_engine.text import clean
 

@@ -1,4 +1,4 @@
-"""The queue's statements: enqueue, leases, both lanes' reads and every outcome write.
+"""The queue's statements: enqueue, both lanes' reads and claims, every outcome write.
 
 The worker loops, leases and outcome code never write SQL; they call these functions.
 Each is one named state transition or read, its guard in its name or docstring, so the
@@ -6,8 +6,9 @@ hot SQL is reviewed and indexed from this file alone. Decision times come from t
 caller: workers read the database's clock (``dialect.db_now``) so skewed worker clocks
 stay correct, and tests pass a fixed ``now``. Status changes come from ``states``.
 
-Over 400 lines because it is meant to be read whole: this is every statement a worker
-runs, in the order a job meets them.
+Over 400 lines because it is meant to be read whole: this is every statement a job meets,
+from its insert through both lanes to its outcome. Who may act (partition leases, worker
+liveness, in-flight marks, target pauses) is in ``leases``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from django.db import IntegrityError, transaction
 
 from jobs_engine import states
 from jobs_engine.job import Job
-from jobs_engine.lanes.outage import OutageRecord
 from jobs_engine.models import Job as JobTable
 from jobs_engine.models import JobStat, Partition, TargetPause, VersionCounter, Worker
 from jobs_engine.states import DEAD, DELETED, PENDING, RUNNING, DeliveryMode, Lane
@@ -67,10 +67,7 @@ __all__ = [
     "FastPoll",
     "Guard",
     "NewJob",
-    "PauseRow",
-    "TakenPartition",
     "cut_error",
-    "inflight_close_after_takeover",
     "job_close_dead",
     "job_long_mark_started",
     "job_release_unchanged",
@@ -86,22 +83,9 @@ __all__ = [
     "jobs_long_rescue_expired",
     "jobs_long_reserve",
     "jobs_still_pending",
-    "partition_owner_counts",
-    "partition_take_free",
     "partitions_clear_inflight",
     "partitions_mark_inflight_if_leased",
-    "partitions_release",
-    "partitions_release_owned",
-    "partitions_renew_if_owner",
-    "partitions_seed",
-    "pause_claim_probe",
-    "pause_clear",
-    "pause_set",
-    "pauses_all",
     "version_counter_next",
-    "worker_beat",
-    "worker_delete",
-    "workers_live",
 ]
 
 JOBS = JobTable._meta.db_table
@@ -233,109 +217,7 @@ def version_counter_next(key: str, using: str | None = None) -> int:
     )[0][0]
 
 
-# -- workers and partition leases --------------------------------------------------------
-
-
-def partitions_seed(count: int) -> int:
-    """Create partition rows 0..count-1 that are missing; safe for many workers at once."""
-    rows, params = values_([(number, "[]") for number in range(count)])
-    return execute(f"INSERT INTO {PARTITIONS} (partition, inflight_ids) {rows} "
-                   "ON CONFLICT (partition) DO NOTHING", params)
-
-
-def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str,
-                outages: OutageRecord | None = None) -> None:
-    """Insert or refresh this worker's liveness row, with the database outages it lived
-    through."""
-    outages = outages or OutageRecord()
-    execute(
-        f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes, "
-        "db_outages, last_db_outage_at, last_db_outage_s, last_db_error) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
-        "DO UPDATE SET heartbeat_at = excluded.heartbeat_at, db_outages = excluded.db_outages, "
-        "last_db_outage_at = excluded.last_db_outage_at, "
-        "last_db_outage_s = excluded.last_db_outage_s, last_db_error = excluded.last_db_error",
-        [worker_id, dt(now), dt(now), hostname, pid, lanes, outages.count,
-         dt(outages.last_at), outages.last_s, cut_error(outages.last_error)],
-    )
-
-
-def worker_delete(worker_id: str) -> None:
-    execute(f"DELETE FROM {WORKERS} WHERE worker_id = %s", [worker_id])
-
-
-def workers_live(now: datetime, within_s: float) -> list[str]:
-    """Worker ids whose heartbeat is newer than ``within_s`` seconds."""
-    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s ORDER BY worker_id",
-                 [dt(now - timedelta(seconds=within_s))])
-    return [row[0] for row in rows]
-
-
-def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list[int]:
-    """Extend every lease ``owner`` still holds; a lease already expired is not renewed
-    (another worker may have taken it). Returns the partitions still held."""
-    rows = fetch(
-        f"UPDATE {PARTITIONS} SET lease_until = %s WHERE owner = %s AND lease_until > %s "
-        "RETURNING partition",
-        [dt(now + timedelta(seconds=lease_s)), owner, dt(now)],
-    )
-    return sorted(row[0] for row in rows)
-
-
-def partition_owner_counts(now: datetime) -> dict[str, int]:
-    rows = fetch(
-        f"SELECT owner, COUNT(*) FROM {PARTITIONS} WHERE owner IS NOT NULL AND lease_until > %s "
-        "GROUP BY owner", [dt(now)],
-    )
-    return {owner: count for owner, count in rows}
-
-
-@dataclass(frozen=True)
-class TakenPartition:
-    partition: int
-    inflight_ids: list[int]
-    inflight_token: str | None
-
-
-def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenPartition | None:
-    """Take one partition that has no owner or an expired lease.
-
-    One conditional UPDATE per take: the guard repeats the "free" test, so two workers
-    racing for a partition cannot both win. Returns the previous in-flight mark so the
-    new owner can judge it.
-    """
-    free = fetch(
-        f"SELECT partition FROM {PARTITIONS} WHERE owner IS NULL OR lease_until IS NULL "
-        "OR lease_until <= %s ORDER BY partition LIMIT 8", [dt(now)],
-    )
-    for (number,) in free:
-        rows = fetch(
-            f"UPDATE {PARTITIONS} SET owner = %s, lease_until = %s WHERE partition = %s "
-            "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %s) "
-            "RETURNING partition, inflight_ids, inflight_token",
-            [owner, dt(now + timedelta(seconds=lease_s)), number, dt(now)],
-        )
-        if rows:
-            number, ids, token = rows[0]
-            return TakenPartition(number, [int(i) for i in read_json(ids) or []], token)
-    return None
-
-
-def partitions_release(owner: str, partitions: Sequence[int]) -> int:
-    """Give partitions back (only while ``owner`` still holds them)."""
-    clause, params = in_("partition", partitions)
-    return execute(
-        f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s AND {clause}",
-        [owner, *params],
-    )
-
-
-def partitions_release_owned(owner: str) -> int:
-    return execute(f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s",
-                   [owner])
-
-
-# -- in-flight marks ----------------------------------------------------------------------
+# -- shared by the statements below -----------------------------------------------
 
 
 def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
@@ -350,6 +232,18 @@ def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
         clauses.append(f"({ids_clause} AND attempts = %s)")
         params += [*ids_params, attempts]
     return f"({' OR '.join(clauses)})", params
+
+
+@dataclass(frozen=True)
+class ClosedJob:
+    id: int
+    target: str
+    code: str
+    dedupe_key: str
+    reason: str
+
+
+# -- in-flight marks ----------------------------------------------------------------------
 
 
 def partitions_mark_inflight_if_leased(
@@ -396,43 +290,6 @@ def partitions_clear_inflight(token: str) -> None:
     """Clear the in-flight marks a poll made (its outcomes are written)."""
     execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
             "WHERE inflight_token = %s", ["[]", token])
-
-
-@dataclass(frozen=True)
-class ClosedJob:
-    id: int
-    target: str
-    code: str
-    dedupe_key: str
-    reason: str
-
-
-def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[ClosedJob]:
-    """Judge the rows the previous owner had in flight.
-
-    A row whose outcome was written under that token is left alone. At-most-once rows
-    go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent again.
-    The DEAD rows keep the previous holder's token (``Guard``): if that worker is alive
-    after all (a database outage, a stall), its outcome write still lands.
-    """
-    closed: list[ClosedJob] = []
-    if taken.inflight_ids:
-        clause, params = in_("id", taken.inflight_ids)
-        rows = fetch(
-            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
-            f"claim_token = %s WHERE {clause} AND status = %s AND delivery_mode = %s "
-            "AND (outcome_token IS NULL OR outcome_token <> %s) "
-            "RETURNING id, target, code, dedupe_key",
-            [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now),
-             taken.inflight_token, *params, *TAKEOVER_PRESUMED_DEAD.source_values,
-             DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
-        )
-        closed = [ClosedJob(r[0], r[1], r[2], r[3], TAKEOVER_REASON) for r in rows]
-    if taken.inflight_token:
-        execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
-                "WHERE partition = %s AND inflight_token = %s",
-                ["[]", taken.partition, taken.inflight_token])
-    return closed
 
 
 # -- fast lane ----------------------------------------------------------------------------
@@ -782,46 +639,3 @@ def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
         "ON CONFLICT (hour, target, outcome) "
         f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count", params,
     )
-
-
-# -- shared pause state -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PauseRow:
-    target: str
-    paused_until: datetime
-    reason: str
-
-
-def pauses_all() -> list[PauseRow]:
-    return [PauseRow(t, read_dt(u), r) for t, u, r in  # type: ignore[arg-type]
-            fetch(f"SELECT target, paused_until, reason FROM {PAUSES}")]
-
-
-def pause_set(target: str, now: datetime, probe_s: float, reason: str) -> None:
-    """Pause ``target`` until ``now + probe_s`` (insert or extend)."""
-    until = dt(now + timedelta(seconds=probe_s))
-    execute(
-        f"INSERT INTO {PAUSES} (target, paused_until, reason, paused_at, probe_by) "
-        "VALUES (%s, %s, %s, %s, NULL) ON CONFLICT (target) DO UPDATE SET "
-        "paused_until = excluded.paused_until, reason = excluded.reason, probe_by = NULL",
-        [target, until, cut_error(reason), dt(now)],
-    )
-
-
-def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) -> bool:
-    """Win the right to send one probe row of a paused target whose pause ran out.
-
-    The guard on the old ``paused_until`` makes the probe cluster-wide: one worker wins
-    per ``PROBE_S``, the rest keep skipping the target.
-    """
-    return execute(
-        f"UPDATE {PAUSES} SET paused_until = %s, probe_by = %s "
-        "WHERE target = %s AND paused_until <= %s",
-        [dt(now + timedelta(seconds=probe_s)), owner, target, dt(now)],
-    ) == 1
-
-
-def pause_clear(target: str) -> int:
-    return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])
