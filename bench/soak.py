@@ -7,12 +7,13 @@ their database, judged by the fault suite's checker (not part of pytest or CI).
 It needs no DATABASE_URL: like ``tests/faults`` it starts a PostgreSQL cluster of its own
 (``~/.cache/jobs-engine/pg-faults/run-<pid>``, a free port; ``--keep`` keeps it running),
 migrates it, and drives ``manage.py run_workers`` processes through ``tests.faults.harness``
-(the suite's short leases). While the jobs are enqueued and drained, every few seconds a
-random worker is SIGKILLed (and a new one started in its slot) or SIGSTOPped for up to
-twice the lease (then SIGCONT); once, when half the jobs are delivered, PostgreSQL is
-restarted. At the end it prints the checker's table, the drain rate over time, the
-resident memory (VmRSS) of each worker over time and the fault counts; the run's files
-(delivery logs, enqueued set, worker output, ``samples.json``) stay in ``--run-dir``.
+(the suite's short leases; the processes are ``jobs_engine.testing``'s). While the jobs are
+enqueued and drained, every few seconds a random worker is SIGKILLed (and a new one started
+in its slot) or SIGSTOPped for up to twice the lease (then SIGCONT); once, when half the jobs
+are delivered, PostgreSQL is restarted. At the end it prints the checker's table, the drain
+rate over time, the resident memory (VmRSS) of each worker over time and the fault counts;
+the run's files (delivery logs, enqueued set, worker output, ``samples.json``) stay in
+``--run-dir``.
 Exit status 1 when the checker fails or a worker died on its own.
 """
 
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from jobs_engine.testing import ManagedProcess  # noqa: E402
 from tests.faults.checker import Report  # noqa: E402
 from tests.faults.harness import (  # noqa: E402
     SETTINGS_MODULE,
@@ -49,7 +51,7 @@ from tests.faults.targets import (  # noqa: E402
     NAMES,
 )
 from tests.faults.workload import Workload  # noqa: E402
-from tests.process.harness import LEASE_S, WorkerProc  # noqa: E402
+from tests.process.harness import LEASE_S  # noqa: E402
 
 JOBS_PER_TRANSACTION = 20_000
 MAX_TABLE_ROWS = 40
@@ -61,11 +63,11 @@ class Slot:
 
     number: int
     env: dict[str, str]
-    procs: list[WorkerProc] = field(default_factory=list)
+    procs: list[ManagedProcess] = field(default_factory=list)
     stopped_until: float = 0.0  # monotonic time of the SIGCONT, while SIGSTOPped
 
     @property
-    def proc(self) -> WorkerProc:
+    def proc(self) -> ManagedProcess:
         return self.procs[-1]
 
 

@@ -67,7 +67,7 @@ def fault_run(request: pytest.FixtureRequest, tmp_path: Path,
 def fault_kafka(tmp_path: Path) -> Iterator[object]:
     """A Kafka broker of this test (``scripts/kafka.sh`` on a free port pair and a data dir
     under the test's tmp), stopped at the end."""
-    from tests.kafka.conftest import KafkaBroker
+    from tests.kafka.broker import KafkaBroker
 
     port = int(os.environ.get("JOBS_FAULTS_KAFKA_PORT") or free_port(span=2))
     broker = KafkaBroker(port, str(tmp_path / "kafka-data"))

@@ -3,11 +3,17 @@ process, the faults done to them, the wait for the drain and the checker's verdi
 
 Used by ``tests/faults/test_faults.py`` and by ``bench/soak.py``. Workers are
 ``manage.py run_workers`` (or another lane command) started through
-``tests.process.harness.WorkerCluster`` with ``DJANGO_SETTINGS_MODULE=tests.faults.settings``
-and the short leases of ``tests.process.harness.DEFAULT_JOBS_ENV``. Everything a run writes
-stays in its directory: ``enqueued.txt``, ``deliveries/<pid>.log``, ``in_doubt.txt``, each
-process's stdout and stderr, and ``summary.txt`` (timeline, worker exits, the checker's
+``tests.process.harness.WorkerCluster`` (a ``jobs_engine.testing.ProcessGroup``) with
+``DJANGO_SETTINGS_MODULE=tests.faults.settings`` and the short leases of
+``tests.process.harness.DEFAULT_JOBS_ENV``; this module adds what only a fault run needs: the
+delivery logs, the faults and their bookkeeping, the drain and the verdict. Everything a run
+writes stays in its directory: ``enqueued.txt``, ``deliveries/<pid>.log``, ``in_doubt.txt``,
+each process's stdout and stderr, and ``summary.txt`` (timeline, worker exits, the checker's
 table, stderr tails).
+
+Over 400 lines because ``FaultRun`` is one object on purpose: its faults, waits and verdict
+share the run's state (the timeline, what was done to which pid, the exits noticed), and a
+summary must see all of it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pathlib import Path
 
 import psycopg
 
+from jobs_engine.testing import ManagedProcess, wait_until
 from tests.faults.checker import (
     DELIVERIES_DIR,
     ENQUEUED_FILE,
@@ -40,13 +47,11 @@ from tests.faults.checker import (
 from tests.faults.pg import REPO_ROOT, PgCluster
 from tests.faults.targets import LOG_DIR_ENV
 from tests.faults.workload import Workload
-from tests.process.harness import WorkerCluster, WorkerProc, wait_until
+from tests.process.harness import WorkerCluster, WorkerProc
 
 SETTINGS_MODULE = "tests.faults.settings"
 TEMPLATE_DB = "faults_template"
 
-# What ``manage.py run_workers`` prints once it runs (the harness reads the worker id).
-_STARTED = re.compile(r"^worker \S+ running ", re.MULTILINE)
 # The last line of a traceback: "psycopg.OperationalError: consuming input failed: ...".
 _CAUSE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*)$", re.MULTILINE)
 
@@ -80,15 +85,14 @@ class Exit:
 class FaultWorkers(WorkerCluster):
     """``WorkerCluster`` with the fault suite's settings and delivery-log directory."""
 
+    settings_module = SETTINGS_MODULE
+
     @property
     def log_dir(self) -> Path:
         return self.base_dir / DELIVERIES_DIR
 
     def env(self, **jobs_env: str) -> dict[str, str]:
-        env = super().env(**jobs_env)
-        env["DJANGO_SETTINGS_MODULE"] = SETTINGS_MODULE
-        env[LOG_DIR_ENV] = str(self.log_dir)
-        return env
+        return {**super().env(**jobs_env), LOG_DIR_ENV: str(self.log_dir)}
 
 
 class ProgressCounter:
@@ -115,9 +119,9 @@ class ProgressCounter:
         return self._count
 
 
-def has_started(proc: WorkerProc) -> bool:
-    """Whether ``proc`` printed its worker id yet (never waits)."""
-    return proc.alive() and bool(_STARTED.search(proc.stdout()))
+def has_started(proc: ManagedProcess) -> bool:
+    """Whether ``proc`` runs and printed its worker id yet (never waits)."""
+    return proc.alive() and proc.printed_id() is not None
 
 
 def stopped_state(pid: int) -> bool:
@@ -134,7 +138,7 @@ def death_cause(stderr: str) -> str:
     return found[-1].strip() if found else ""
 
 
-def stderr_tail(proc: WorkerProc, lines: int = 20) -> str:
+def stderr_tail(proc: ManagedProcess, lines: int = 20) -> str:
     """The end of a worker's stderr without the per-job ``job run`` lines."""
     kept = [line for line in proc.stderr().splitlines() if "job run " not in line]
     return "\n".join(kept[-lines:])
@@ -196,7 +200,7 @@ class FaultRun:
         return procs
 
     def alive(self) -> list[WorkerProc]:
-        return [p for p in self.workers.procs if p.alive()]
+        return [p for p in self.workers.workers if p.alive()]
 
     def note_exits(self) -> None:
         """Log every worker that exited since the last look, and why."""
@@ -335,7 +339,7 @@ class FaultRun:
         self.pg.start()
         self.log(f"PostgreSQL started again ({time.monotonic() - began:.1f}s to answer)")
 
-    def _stop_for_fault(self, proc: WorkerProc, what: str) -> bool:
+    def _stop_for_fault(self, proc: ManagedProcess, what: str) -> bool:
         """SIGSTOP ``proc`` and record its rows in hand as in doubt; False (and nothing
         done) when it is not running any more."""
         if not proc.alive():
@@ -349,7 +353,7 @@ class FaultRun:
         self.log(f"{proc.name} stopped; {in_doubt} rows in hand recorded in doubt")
         return True
 
-    def kill(self, proc: WorkerProc) -> None:
+    def kill(self, proc: ManagedProcess) -> None:
         """SIGKILL ``proc`` mid-work: stopped first, its rows in hand recorded as in doubt,
         then killed."""
         if not self._stop_for_fault(proc, "SIGKILL"):
@@ -359,25 +363,25 @@ class FaultRun:
         proc.wait_exit(10)
         self.note_exits()
 
-    def stall(self, proc: WorkerProc, seconds: float) -> None:
+    def stall(self, proc: ManagedProcess, seconds: float) -> None:
         """SIGSTOP ``proc`` for ``seconds`` (past its lease), then SIGCONT."""
         self.pause(proc, seconds)
         time.sleep(seconds)
         self.resume(proc)
 
-    def pause(self, proc: WorkerProc, planned_s: float) -> None:
+    def pause(self, proc: ManagedProcess, planned_s: float) -> None:
         """SIGSTOP ``proc`` for about ``planned_s`` (``resume`` ends it)."""
         if self._stop_for_fault(proc, f"SIGSTOP for {planned_s:.1f}s"):
             self.faulted[proc.pid] = "SIGSTOP"
 
-    def resume(self, proc: WorkerProc) -> None:
+    def resume(self, proc: ManagedProcess) -> None:
         if self.faulted.get(proc.pid) != "SIGSTOP" or not proc.alive():
             return
         with contextlib.suppress(ProcessLookupError):
             proc.send(signal.SIGCONT)
         self.log(f"SIGCONT {proc.name} (pid {proc.pid})")
 
-    def record_in_doubt(self, proc: WorkerProc) -> int:
+    def record_in_doubt(self, proc: ManagedProcess) -> int:
         """Append the rows ``proc`` (stopped) has in hand to the in-doubt file: its
         partitions' in-flight marks and its started long-lane rows. A takeover or a lease
         rescue may close those DEAD (at-most-once)."""
@@ -411,19 +415,20 @@ class FaultRun:
         deadline = time.monotonic() + timeout
         for proc in self.workers.procs:
             try:
-                proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+                proc.wait_exit(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.log(f"{proc.name} (pid {proc.pid}) did not stop within {timeout:.0f}s of "
                          "SIGTERM: SIGKILL")
-                proc.send(signal.SIGKILL)
-                proc.popen.wait(timeout=10)
+                proc.kill()
         self.note_exits()
-        if self.enqueuer is not None and self.enqueuer.poll() is None:
-            self.enqueuer.kill()
-            self.enqueuer.wait(timeout=10)
+        self.end_enqueuer()
 
     def kill_all(self) -> None:
         self.workers.kill_all()
+        self.end_enqueuer()
+
+    def end_enqueuer(self) -> None:
+        """SIGKILL the enqueuer if it still runs (a run that ends early) and reap it."""
         if self.enqueuer is not None and self.enqueuer.poll() is None:
             self.enqueuer.kill()
             self.enqueuer.wait(timeout=10)
@@ -443,7 +448,7 @@ class FaultRun:
         died = self.died_on_their_own()
         parts = [f"===== fault run: {title} ({self.base_dir}) =====", "--- timeline ---",
                  *self.timeline, "--- workers ---"]
-        for proc in self.workers.procs:
+        for proc in self.workers.workers:
             found = self.exits.get(proc.pid)
             parts.append(f"{proc.name} pid {proc.pid}: "
                          + (found.describe() if found else "still running"))

@@ -24,6 +24,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from jobs_engine.testing import ProcessGroup, WaitTimeout, wait_until
+
 REPO = Path(__file__).resolve().parents[2]
 APPS = ("jobs_engine", "schedules", "kafka_target")
 DATA_DIRS = ("templates", "static", "migrations")  # shipped as files next to the modules
@@ -350,31 +352,32 @@ def delivered(outbox: Path) -> list[object]:
 
 def deliver_with_worker(python: Path, project: Path, env: dict[str, str]) -> None:
     """A job enqueued in a committed transaction reaches the handler through a real
-    ``run_workers``, which then exits 0 on SIGTERM."""
-    log_path = project / "run_workers.log"
-    with log_path.open("w") as log:
-        worker = subprocess.Popen([str(python), "manage.py", "run_workers"], cwd=project,
-                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+    ``run_workers``, which then exits 0 on SIGTERM. The worker is started the way a host
+    project's own tests would start it: ``jobs_engine.testing`` with the host's interpreter
+    and ``manage.py``."""
+    workers = ProcessGroup(project / "manage.py", project / "worker-output", env, python=python)
+    try:
+        worker = workers.start("run_workers")
+        worker.worker_id(timeout=30)
+        manage(python, project, env, "shell", "-c", ENQUEUE)
+
+        def sent() -> bool:
+            assert worker.alive(), f"run_workers exited:\n{worker.dump()}"
+            return DELIVERED in delivered(project / "outbox.jsonl")
+
         try:
-            manage(python, project, env, "shell", "-c", ENQUEUE)
-            deadline = time.monotonic() + 30
-            while DELIVERED not in delivered(project / "outbox.jsonl"):
-                assert worker.poll() is None, \
-                    f"run_workers exited {worker.returncode}:\n{log_path.read_text()}"
-                assert time.monotonic() < deadline, \
-                    f"{DELIVERED} not delivered within 30 s:\n{log_path.read_text()}"
-                time.sleep(0.2)
-            worker.send_signal(signal.SIGTERM)
-            try:
-                code = worker.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                raise AssertionError(f"run_workers still running 10 s after SIGTERM:\n"
-                                     f"{log_path.read_text()}") from None
-            assert code == 0, f"run_workers exited {code} on SIGTERM:\n{log_path.read_text()}"
-        finally:
-            if worker.poll() is None:
-                worker.kill()
-                worker.wait()
+            wait_until(sent, 30, f"{DELIVERED} to be delivered", interval=0.2)
+        except WaitTimeout as exc:
+            raise AssertionError(f"{exc}:\n{worker.dump()}") from None
+        worker.send(signal.SIGTERM)
+        try:
+            code = worker.wait_exit(10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("run_workers still running 10 s after SIGTERM:\n"
+                                 f"{worker.dump()}") from None
+        assert code == 0, f"run_workers exited {code} on SIGTERM:\n{worker.dump()}"
+    finally:
+        workers.kill_all()
     assert {"order": 2} not in delivered(project / "outbox.jsonl")
 
 

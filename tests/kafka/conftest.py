@@ -2,7 +2,8 @@
 made with Kafka's own CLI, a reader of what landed on a topic, and in-process fast-lane
 workers driven with an injected clock (as ``tests/db/test_fast_lane.py`` does).
 
-The broker runs on its own port and data dir (``JOBS_TEST_KAFKA_PORT``, default 19192, and
+The broker (``tests.kafka.broker.KafkaBroker``, shared with the fault suite and the bench)
+runs on its own port and data dir (``JOBS_TEST_KAFKA_PORT``, default 19192, and
 ``JOBS_TEST_KAFKA_DIR``), so the suite never touches a developer's broker on 19092, and is
 stopped when the session ends. The suite runs on PostgreSQL only: on SQLite it refuses to
 be collected instead of skipping silently.
@@ -12,12 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -35,11 +34,12 @@ from kafka_target.producer import close_producers
 from kafka_target.settings import parse_kafka_settings
 from kafka_target.target import register_topics
 from tests.helpers import FakeMonotonic, require_postgres
+from tests.kafka.broker import REPO_ROOT, KafkaBroker
+
+__all__ = ["REPO_ROOT", "Delivered", "KafkaBroker", "LaneWorker", "TopicReader"]
 
 require_postgres("tests/kafka", "runs fast-lane workers against a real Kafka broker")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-KAFKA_SH = REPO_ROOT / "scripts" / "kafka.sh"
 PORT = int(os.environ.get("JOBS_TEST_KAFKA_PORT", "19192"))
 DATA_DIR = os.environ.get("JOBS_TEST_KAFKA_DIR",
                           str(Path(tempfile.gettempdir()) / "jobs-engine-kafka-test"))
@@ -54,59 +54,6 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
     "jt.hung": (1, {}),
     "jt.hung-alo": (1, {}),
 }
-
-
-class KafkaBroker:
-    """``scripts/kafka.sh`` on the suite's port and data dir."""
-
-    def __init__(self, port: int, data_dir: str) -> None:
-        self.port = port
-        self.data_dir = data_dir
-        self.bootstrap = f"127.0.0.1:{port}"
-        self.env = {**os.environ, "JOBS_KAFKA_PORT": str(port), "JOBS_KAFKA_DIR": data_dir,
-                    "JOBS_KAFKA_AUTO_CREATE": "false"}
-
-    def script(self, *args: str, timeout: float = 180) -> str:
-        done = subprocess.run([str(KAFKA_SH), *args], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"kafka.sh {' '.join(args)} failed ({done.returncode}):\n"
-                               f"{done.stdout}\n{done.stderr}")
-        return done.stdout
-
-    def start(self) -> None:
-        self.script("start")
-
-    def ensure_running(self) -> None:
-        """Start or resume the broker unless it already runs (``status`` is cheap, a
-        ``start`` on a running broker still waits for a metadata answer)."""
-        done = subprocess.run([str(KAFKA_SH), "status"], env=self.env, capture_output=True,
-                              text=True, timeout=30)
-        if not done.stdout.startswith("running:"):
-            self.start()
-
-    def stop(self) -> None:
-        self.script("stop")
-
-    def pause(self) -> None:
-        self.script("pause")
-
-    def resume(self) -> None:
-        self.script("resume")
-
-    def create_topic(self, name: str, partitions: int = 1,
-                     configs: dict[str, str] | None = None) -> None:
-        args = ["topics", "--create", "--if-not-exists", "--topic", name,
-                "--partitions", str(partitions), "--replication-factor", "1"]
-        for key, value in (configs or {}).items():
-            args += ["--config", f"{key}={value}"]
-        self.script(*args, timeout=60)
-
-    def create_topics(self, topics: dict[str, tuple[int, dict[str, str]]]) -> None:
-        with ThreadPoolExecutor(max_workers=len(topics)) as pool:
-            for future in [pool.submit(self.create_topic, name, partitions, configs)
-                           for name, (partitions, configs) in topics.items()]:
-                future.result()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,364 @@
+"""The bench's plumbing: options, the queue tables, worker processes, the drain clock, the
+Kafka broker. The phases (``bench/workloads.py``) measure with it.
+
+Import it after ``django.setup()`` (``bench/run.py`` does, in ``main``): it reads the engine's
+tables through Django's connection. Worker processes are ``manage.py run_fast_lane`` /
+``run_long_lane`` started by ``jobs_engine.testing`` with ``DJANGO_SETTINGS_MODULE=
+bench.settings``, each in its own session, their output in ``<results>/logs/``; every phase
+SIGTERMs its own (SIGKILL after a timeout), and ``kill_all`` ends whatever is left after an
+error. The broker is ``scripts/kafka.sh`` through the Kafka suite's ``KafkaBroker``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from bench import targets
+from jobs_engine import store
+from jobs_engine.conf import jobs_settings
+from jobs_engine.enqueueing import enqueue_many
+from jobs_engine.testing import ManagedProcess, ProcessGroup, process_env, wait_until
+from tests.kafka.broker import KafkaBroker
+
+ROOT = Path(__file__).resolve().parent.parent
+MANAGE_PY = ROOT / "manage.py"
+RESULTS = ROOT / "bench" / "results"
+SETTINGS_MODULE = "bench.settings"
+KAFKA_PARTITIONS = 3  # of each bench topic
+
+Metrics = dict[str, float]
+
+
+@dataclass
+class Options:
+    """The sizes and settings of one bench run (``bench/run.py``'s options)."""
+
+    e100_n: int
+    e1_n: int
+    d1_n: int
+    long_n: int
+    lat_n: int
+    lat_rate: float
+    poll_small: int
+    poll_big: int
+    poll_reps: int
+    log_level: str
+    drain_poll_s: float
+    kafka_n: int = 50_000
+    kafka_keys: int = 1_000
+    kafka_port: int = 19292
+    kafka_dir: str = str(Path(tempfile.gettempdir()) / "jobs-engine-kafka-bench")
+    results_dir: Path = field(default=RESULTS)
+
+    @property
+    def logs(self) -> Path:
+        """Where the worker processes' output goes."""
+        return self.results_dir / "logs"
+
+
+def shown(path: Path) -> str:
+    """``path`` for a message or a report: relative to the repository when inside it (a
+    committed report names no path of the machine that ran it)."""
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def payload(i: int) -> dict[str, Any]:
+    """The payload of docs/benchmarks.md#definitions."""
+    return {"i": i, "ts": time.time(), "msg": "hello world"}
+
+
+def pct(values: list[float], p: float) -> float:
+    """Linear-interpolated percentile, as the peers' harness computes it."""
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    k = (len(values) - 1) * p / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+# -- the queue's tables ------------------------------------------------------------------------
+
+
+def sql(query: str, params: list[Any] | tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with connection.cursor() as cursor:
+        cursor.execute(query, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def remaining() -> int:
+    """Rows still to drain (PENDING or RUNNING); DEAD rows are counted apart."""
+    return sql(f"SELECT COUNT(*) FROM {store.JOBS} WHERE status IN ('PENDING', 'RUNNING')")[0][0]
+
+
+def drained() -> bool:
+    """No row left to drain: ``remaining() == 0`` at a fraction of its cost. A count
+    reads every row (~13 ms at 50,000), and a drain sampled every 20 ms by counts spends
+    a third of a core of this 2-core machine on the sampling, beside the workers."""
+    return not sql(f"SELECT EXISTS (SELECT 1 FROM {store.JOBS} "
+                   "WHERE status IN ('PENDING', 'RUNNING'))")[0][0]
+
+
+def dead_count() -> int:
+    return sql(f"SELECT COUNT(*) FROM {store.JOBS} WHERE status = 'DEAD'")[0][0]
+
+
+def reset() -> None:
+    """Empty the queue between phases (workers are stopped by then)."""
+    if store.is_postgres():
+        sql(f"TRUNCATE {store.JOBS}")
+    else:
+        sql(f"DELETE FROM {store.JOBS}")
+    sql(f"UPDATE {store.PARTITIONS} SET owner = NULL, lease_until = NULL, inflight_ids = %s, "
+        "inflight_token = NULL", ["[]"])
+    sql(f"DELETE FROM {store.WORKERS}")
+    sql(f"DELETE FROM {store.PAUSES}")
+    analyze()
+
+
+def analyze() -> None:
+    sql(f"ANALYZE {store.JOBS}")
+
+
+def fill(target: str, n: int, chunk: int = 500) -> None:
+    """``n`` jobs of ``target`` committed in one transaction (all pending at once)."""
+    with transaction.atomic():
+        for start in range(0, n, chunk):
+            enqueue_many([{"target": target, "payload": payload(i)}
+                          for i in range(start, min(n, start + chunk))])
+
+
+def kafka_fill(target: str, n: int, keys: int, chunk: int = 500) -> None:
+    """``n`` events over ``keys`` keys, versions 1, 2, ... per key, committed in one
+    transaction in event order (every key's version 1, then every key's version 2, ...)."""
+    with transaction.atomic():
+        for start in range(0, n, chunk):
+            enqueue_many([{"target": target, "payload": payload(i), "key": f"k{i % keys}",
+                           "version": i // keys + 1}
+                          for i in range(start, min(n, start + chunk))])
+
+
+def partitions_balanced(count: int) -> bool:
+    """Every one of ``count`` fast workers holds its fair share of the partitions."""
+    rows = sql(f"SELECT owner, COUNT(*) FROM {store.PARTITIONS} WHERE owner IS NOT NULL "
+               "GROUP BY owner")
+    partitions = jobs_settings().PARTITIONS
+    return (len(rows) == count and sum(n for _, n in rows) == partitions
+            and all(n >= partitions // count for _, n in rows))
+
+
+def workers_registered(count: int) -> bool:
+    return sql(f"SELECT COUNT(*) FROM {store.WORKERS}")[0][0] >= count
+
+
+# -- worker processes --------------------------------------------------------------------------
+
+_started: list[ManagedProcess] = []  # every worker of this run, for ``kill_all``
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+@dataclass
+class Workers:
+    """``count`` worker processes of one ``manage.py`` command for one measurement, named
+    ``<name>-<i>`` (their output: ``<results>/logs/<name>-<i>.stdout|.stderr``)."""
+
+    o: Options
+    command: str
+    count: int
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+    group: ProcessGroup | None = None
+
+    def start(self) -> Workers:
+        env = process_env(SETTINGS_MODULE, {"JOBS_LOG_LEVEL": self.o.log_level, **self.env})
+        self.group = ProcessGroup(MANAGE_PY, self.o.logs, env, cwd=ROOT)
+        for i in range(self.count):
+            _started.append(self.group.start(self.command, name=f"{self.name}-{i}"))
+        return self
+
+    def check(self) -> None:
+        """``WorkerDied`` if one of them exited (a measurement must not wait on the dead)."""
+        for proc in self.group.procs if self.group else []:
+            if not proc.alive():
+                raise WorkerDied(f"{self.name}: worker pid {proc.pid} exited "
+                                 f"rc={proc.popen.returncode} (see {proc.stderr_path})")
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGTERM (a clean shutdown), SIGKILL what has not exited within ``timeout``."""
+        if self.group:
+            self.group.stop_all(timeout)
+
+
+def kill_all() -> None:
+    """Stop every worker this run started and that still runs (after an error)."""
+    for proc in _started:
+        proc.stop(timeout=5)
+    _started.clear()
+
+
+@contextlib.contextmanager
+def running(workers: Workers) -> Iterator[Workers]:
+    workers.start()
+    try:
+        yield workers
+    finally:
+        workers.stop()
+
+
+def wait_for(what: str, check: Callable[[], bool], workers: Workers, timeout: float) -> float:
+    """Seconds until ``check()``; ``WorkerDied`` if a worker exits first, a ``TimeoutError``
+    (``jobs_engine.testing.WaitTimeout``) after ``timeout``."""
+    started = time.perf_counter()
+
+    def reached() -> bool:
+        if check():
+            return True
+        workers.check()
+        return False
+
+    wait_until(reached, timeout, f"{workers.name}: {what}")
+    return time.perf_counter() - started
+
+
+# -- the drain clock (D1) ----------------------------------------------------------------------
+
+
+def drain(o: Options, command: str, target: str, n: int, count: int, name: str,
+          ready: Callable[[], bool], env: dict[str, str] | None = None,
+          filler: Callable[[], None] | None = None) -> dict[str, float]:
+    """D1: one worker starts on ``n`` pre-enqueued rows (the peers' method). Several
+    workers first reach their steady state (partitions balanced / registered), then the
+    ``n`` rows are committed in one transaction, so the partition rebalance, which takes
+    up to two heartbeats, is start-up and not drain time. Clock: first observed progress
+    → queue empty. ``env`` goes to the workers; ``filler`` commits the ``n`` rows (default:
+    ``fill(target, n)``)."""
+    reset()
+    workers = Workers(o, command, count, name, env or {})
+    load = filler or (lambda: fill(target, n))
+    if count == 1:
+        load()
+        analyze()
+    with running(workers):
+        t_zero = time.perf_counter()
+        if count > 1:
+            wait_for("steady state", ready, workers, timeout=90)
+            load()
+            t_zero = time.perf_counter()
+        t_first, rem_first, t_end = clock_drain(o, workers, n, deadline=t_zero + max(180.0, n / 20))
+    return {
+        "rate": rem_first / (t_end - t_first) if t_end > t_first else float("nan"),
+        "rate_incl_startup": n / (t_end - t_zero),
+        "startup_s": t_first - t_zero,
+        "drain_s": t_end - t_first,
+        "dead": dead_count(),
+    }
+
+
+def clock_drain(o: Options, workers: Workers, n: int, deadline: float
+                ) -> tuple[float, int, float]:
+    """Sample the queue every ``drain_poll_s`` until it is empty: the time of the first
+    progress and the rows left then, and the time it was found empty. Counts until the first
+    progress (its count is the rate's numerator), then the cheap emptiness probe, so the
+    sampling takes little from the workers."""
+    t_first: float | None = None
+    rem_first = n
+    while True:
+        left = remaining() if t_first is None else int(not drained())
+        now = time.perf_counter()
+        if t_first is None and left < n:
+            t_first, rem_first = now, left
+        if left == 0:
+            assert t_first is not None
+            return t_first, rem_first, now
+        if now > deadline:
+            raise TimeoutError(f"{workers.name}: drain timeout, {remaining()} rows left")
+        workers.check()
+        time.sleep(o.drain_poll_s)
+
+
+# -- the Kafka broker --------------------------------------------------------------------------
+
+
+class BenchBroker(KafkaBroker):
+    """The broker on the bench's own port and data dir, stopped at the end of the run only
+    if this run started it."""
+
+    started_here = False
+
+    def start(self) -> None:
+        self.started_here = not self.running()
+        self.script("start", timeout=300)  # the first start may fetch the jars
+
+    def stop_if_started(self) -> None:
+        if self.started_here:
+            with contextlib.suppress(RuntimeError, OSError):
+                self.stop()
+
+
+_broker: BenchBroker | None = None
+
+
+def kafka_broker(o: Options) -> BenchBroker:
+    """The bench broker, running, with the bench topics; the driver's targets point at it."""
+    global _broker
+    if _broker is None:
+        broker = BenchBroker(o.kafka_port, o.kafka_dir)
+        started = time.perf_counter()
+        broker.start()
+        _broker = broker
+        kafka_create_topics(broker.bootstrap,
+                            [targets.kafka_topic(kind) for kind in targets.KAFKA_TOPICS])
+        targets.register_kafka(broker.bootstrap)
+        how = "started" if broker.started_here else "already running"
+        print(f"    kafka broker on {broker.bootstrap} ({how}, "
+              f"{time.perf_counter() - started:.1f}s)", flush=True)
+    return _broker
+
+
+def stop_kafka() -> None:
+    global _broker
+    if _broker is not None:
+        _broker.stop_if_started()
+        _broker = None
+
+
+def kafka_create_topics(bootstrap: str, topics: list[str]) -> None:
+    """The bench topics, ``KAFKA_PARTITIONS`` each (an existing one is kept)."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(t, KAFKA_PARTITIONS, 1) for t in topics],
+                                  request_timeout=30)
+    for future in futures.values():
+        try:
+            future.result(60)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+
+
+def kafka_end_offset(bootstrap: str, topic: str) -> int:
+    """Records appended to ``topic`` so far (the sum of its partitions' high watermarks)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
+                   for p in partitions)
+    finally:
+        consumer.close()

@@ -1,0 +1,225 @@
+"""The bench's report: the rows (label, unit, the issue's bar, the docs' target, the peers'
+figures), the Markdown table of medians, the notes on method, the machine line, and the files
+``<output>.md`` and ``<output>.json``. Import after ``django.setup()`` (the machine line asks
+the database for its version).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import django
+from django.db import connection
+
+from bench import targets
+from bench.harness import KAFKA_PARTITIONS, Options, shown, sql
+from jobs_engine import store
+
+PEER_D1 = ("raw psycopg 64,019 batched / 2,818 one-by-one; django-q2 Redis 2,698; django-q2 ORM "
+           "1,118; Celery 1,008; Procrastinate 398; django-tasks-db 324 (all 1 worker)")
+
+
+@dataclass(frozen=True)
+class Row:
+    key: str
+    label: str
+    unit: str  # "jobs/s", "ms", "x"
+    bar: str = ""
+    passes: Callable[[float], bool] | None = None
+    target: str = ""
+    peers: str = ""
+
+
+def rows_for(o: Options) -> list[Row]:
+    rows = [
+        Row("e100", f"E100: {o.e100_n:,} jobs, enqueue_many 100 per tx", "jobs/s", "≥ 10,000",
+            lambda v: v >= 10_000, "≥ 20,000",
+            "raw psycopg 41,660; django-q2 Redis 4,615; Procrastinate 4,611; django-q2 ORM "
+            "2,117; Celery 1,872; django-tasks-db 1,705"),
+        Row("e100_raw", "  E100 raw psycopg, same session (reference limit)", "jobs/s",
+            peers="raw psycopg 41,660"),
+        Row("e1", f"E1: {o.e1_n:,} jobs, enqueue per call, autocommit", "jobs/s", "", None,
+            "≥ 2,600",
+            "raw psycopg 3,271; django-q2 Redis 4,346; Celery 2,062; django-q2 ORM 1,496; "
+            "django-tasks-db 1,486; Procrastinate 888"),
+        Row("e1_raw", "  E1 raw psycopg, same session (reference limit)", "jobs/s",
+            peers="raw psycopg 3,271"),
+    ]
+    for kind in targets.FAST_KINDS:
+        for count in (1, 3):
+            rows.append(Row(
+                f"d1_fast:{kind}:{count}",
+                f"D1 fast lane, {kind}, {count} worker{'s' if count > 1 else ''} "
+                f"({o.d1_n:,} jobs)", "jobs/s",
+                "≥ 5,000" if count == 1 else "", (lambda v: v >= 5_000) if count == 1 else None,
+                "≥ 10,000" if count == 1 else "", PEER_D1 if count == 1 else ""))
+    rows += [
+        Row("d1_raw:1", "  D1 raw psycopg DELETE..SKIP LOCKED one by one, same session",
+            "jobs/s", peers="raw psycopg 2,818"),
+        Row("d1_raw:100", "  D1 raw psycopg DELETE..SKIP LOCKED 100 at a time, same session",
+            "jobs/s", peers="raw psycopg 64,019"),
+    ]
+    for count in (1, 3):
+        rows.append(Row(f"d1_long:{count}",
+                        f"D1 long lane, {count} worker{'s' if count > 1 else ''} "
+                        f"({o.long_n:,} jobs)", "jobs/s",
+                        peers=PEER_D1 if count == 1 else ""))
+    lat_what = f"{o.lat_n} jobs at {o.lat_rate:g}/s"
+    rows += [
+        Row("lat:notify:p50", f"L p50, NOTIFY ({lat_what})", "ms", "≤ 20 ms", lambda v: v <= 20,
+            "≤ 2 ms", "raw LISTEN/NOTIFY 0.6; django-q2 Redis 0.7; Celery 0.8; Procrastinate "
+            "2.4; django-q2 ORM 51.9; django-tasks-db 528 (1 s poll)"),
+        Row("lat:notify:p99", "L p99, NOTIFY", "ms", "", None, "≤ 5 ms",
+            "raw 0.9; django-q2 Redis 1.0; Celery 1.6; Procrastinate 3.7; django-q2 ORM 102.5; "
+            "django-tasks-db 993"),
+        Row("lat:poll:p50", "L p50, polling only (JOBS_NOTIFY=off, IDLE_POLL_S default 1,2,5)",
+            "ms", peers="django-tasks-db 528 (1 s poll); django-q2 ORM 51.9"),
+        Row("lat:poll:p99", "L p99, polling only", "ms",
+            peers="django-tasks-db 993; django-q2 ORM 102.5"),
+        Row("poll:small", f"fast poll, {o.poll_small:,} PENDING (21 partitions, limit 100)", "ms"),
+        Row("poll:big", f"fast poll, {o.poll_big:,} PENDING", "ms"),
+        Row("poll:ratio", "fast poll ratio big / small", "x", "≤ 2x", lambda v: v <= 2),
+        Row("poll:held_small", f"fast poll, stress layout, {o.poll_small:,} PENDING "
+            "(a tenth held behind retrying key heads)", "ms"),
+        Row("poll:held_big", f"fast poll, stress layout, {o.poll_big:,} PENDING", "ms"),
+        Row("poll:held_ratio", "fast poll ratio, stress layout", "x", "(≤ 2x)",
+            lambda v: v <= 2),
+        Row("poll:long_small", f"long reserve candidates, {max(10, o.poll_small // 100):,} long "
+            f"rows in {o.poll_small:,}", "ms"),
+        Row("poll:long_big", f"long reserve candidates, {max(10, o.poll_big // 100):,} long rows "
+            f"in {o.poll_big:,}", "ms"),
+        Row("poll:long_ratio", "long candidates ratio big / small", "x"),
+    ]
+    workers = {1: "1 worker", 3: "3 workers"}
+    for kind in targets.KAFKA_TOPICS:
+        for count in (1, 3):
+            rows.append(Row(
+                f"kafka:{kind}:{count}", f"Kafka: fast lane → broker, {kind}, {workers[count]} "
+                f"({o.kafka_n:,} jobs, {o.kafka_keys:,} keys)", "jobs/s",
+                "≥ 5,000" if count == 1 else "", (lambda v: v >= 5_000) if count == 1 else None))
+    rows += [
+        Row("kafka_raw", "  Kafka raw confluent-kafka Producer, same records and config, "
+            "produce all then flush, same session", "jobs/s"),
+        Row("kafka_raw:100", "  Kafka raw Producer, flush every 100 (the target's send "
+            "protocol without the database), same session", "jobs/s"),
+    ]
+    for kind in targets.KAFKA_TOPICS:
+        for count in (1, 3):
+            rows.append(Row(
+                f"kafka_ratio:{kind}:{count}", f"Kafka ratio fast lane / raw producer, {kind}, "
+                f"{workers[count]}", "x", "≥ 0.25x" if count == 1 else "",
+                (lambda v: v >= 0.25) if count == 1 else None))
+    return rows
+
+
+def fmt(value: float, unit: str) -> str:
+    if value != value:  # NaN
+        return "n/a"
+    if unit == "jobs/s":
+        return f"{value:,.0f}"
+    if unit == "x":
+        return f"{value:.2f}x"
+    return f"{value:.2f}"
+
+
+def table(results: dict[str, list[float]], o: Options) -> str:
+    lines = ["| metric | ours (median) | min-max | unit | issue bar | docs/benchmarks.md target "
+             "| peers (docs/benchmarks.md) |", "|---|---|---|---|---|---|---|"]
+    for row in rows_for(o):
+        values = results.get(row.key)
+        if not values:
+            continue
+        median = statistics.median(values)
+        spread = (f"{fmt(min(values), row.unit)}-{fmt(max(values), row.unit)}"
+                  if len(values) > 1 else "")
+        bar = row.bar
+        if row.passes is not None:
+            bar += " PASS" if row.passes(median) else " **FAIL**"
+        lines.append(f"| {row.label} | {fmt(median, row.unit)} | {spread} | {row.unit} | "
+                     f"{bar} | {row.target} | {row.peers} |")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    db = connection.vendor
+    if store.is_postgres():
+        db = sql("SELECT version()")[0][0].split(" on ")[0]
+    return (f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; host {platform.node()}; "
+            f"{os.cpu_count()} CPUs ({cpu}); Python {platform.python_version()}; "
+            f"Django {django.get_version()}; {db}")
+
+
+def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
+    def measured(*prefixes: str) -> bool:  # a note only for the phases that ran
+        return any(key.startswith(prefixes) for key in results)
+
+    out = [
+        f"- {rounds} interleaved round(s); medians. Worker log level {o.log_level} "
+        "(the peers' Procrastinate ran at warning).",
+    ]
+    if measured("d1", "kafka"):
+        out.append(
+            "- D1, 1 worker: rows pre-enqueued, then the worker is spawned "
+            "(docs/benchmarks.md method). "
+            "D1, 3 workers: the workers start first and reach their steady state (fast lane: "
+            "partitions balanced, which takes up to two PARTITION_HEARTBEAT_S; long lane: all "
+            "registered), then the rows are committed in one transaction. Clock: first observed "
+            f"progress → queue empty, polled every {o.drain_poll_s * 1000:.0f} ms from the "
+            "bench (a row count until the first progress, then an EXISTS probe: a count every "
+            "poll would take a third of a core from the workers).")
+    if measured("lat:"):
+        out.append(
+            "- Latency: handler start (time.time() in the worker, appended to a file) - the "
+            "moment the autocommit enqueue() returned in the bench; fast lane, at-most-once "
+            "target.")
+    if measured("poll:"):
+        out.append(
+            "- Poll cost: store.jobs_fast_due, partitions 0-20 held, limit 100, after VACUUM "
+            "ANALYZE; plans in "
+            f"{shown(o.results_dir / 'explain_fast_poll.txt')}.")
+    if measured("kafka"):
+        out.append(
+            f"- Kafka: a real Apache Kafka broker (scripts/kafka.sh, one node, loopback), "
+            f"topics of {KAFKA_PARTITIONS} partitions; the targets' producer config (acks=all, "
+            "retries off, linger default). Fast lane: as D1 (real run_fast_lane processes, "
+            "clock from first progress to an empty queue); a row is deleted only after its "
+            "delivery report, and the topic's end offsets are checked after each drain. Raw "
+            "producer: same records (key, JSON value, event_id/trace_id/traceparent headers) "
+            "in this process after a warm-up message. Ratio: per round, fast lane / raw "
+            "produce-all-then-flush.")
+    for key in [k for k in results if k.endswith(":dead") or k.endswith(":missing")]:
+        if any(results[key]):
+            out.append(f"- WARNING {key}: {results[key]}")
+    if "poll:index_due" in results:
+        index_backed = (all(results["poll:index_due"]) and all(results["poll:index_key"])
+                        and not any(results["poll:seq_scan"]))
+        out.append("- fast poll plan index-backed (jobs_fast_pending_due + "
+                   "jobs_pending_key_order, no seq scan): "
+                   f"{'yes' if index_backed else 'NO — see the plan'}")
+    return "\n".join(out)
+
+
+
+def write(output: Path, text: str, info: str, o: Options,
+          results: dict[str, list[float]]) -> None:
+    """The table and notes to ``output``, the raw values (every round's) beside it as JSON."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(text)
+    # Not the results directory: a path of this machine (the JSON lies in it anyway).
+    options = {k: v for k, v in asdict(o).items() if k != "results_dir"}
+    output.with_suffix(".json").write_text(json.dumps(
+        {"machine": info, "options": options, "results": results}, indent=1))

@@ -1,0 +1,328 @@
+"""The bench's phases: each takes the run's ``Options`` and returns its metrics (name ->
+value; ``bench/report.py`` turns them into rows). Definitions: docs/benchmarks.md#definitions.
+
+- ``e100``, ``e1``: enqueue rates in this process, beside raw psycopg (``bench/baselines.py``);
+- ``d1``, ``long``: drains by 1 and 3 real worker processes (``harness.drain``), beside raw
+  psycopg's ``DELETE ... SKIP LOCKED``;
+- ``latency``: handler start minus the enqueue's return, with NOTIFY and polling only;
+- ``poll``: the poll's cost against the backlog's size (``bench/poll_cost.py``);
+- ``kafka``: fast lane into a real broker, beside the raw ``confluent_kafka`` producer;
+- ``profile`` (on request): the fast lane's loop in this process under cProfile.
+
+Import after ``django.setup()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import cProfile
+import io
+import logging
+import os
+import pstats
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.db import connection, transaction
+
+from bench import targets
+from bench.baselines import raw_drain, raw_e1, raw_e100, raw_kafka
+from bench.harness import (
+    Metrics,
+    Options,
+    Workers,
+    analyze,
+    drain,
+    fill,
+    kafka_broker,
+    kafka_end_offset,
+    kafka_fill,
+    partitions_balanced,
+    payload,
+    pct,
+    remaining,
+    reset,
+    running,
+    shown,
+    wait_for,
+    workers_registered,
+)
+from bench.poll_cost import phase_poll
+from jobs_engine import store
+from jobs_engine.conf import jobs_settings
+from jobs_engine.enqueueing import enqueue, enqueue_many
+from jobs_engine.lanes.fast import FastLane
+from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
+from jobs_engine.lanes.pauses import PauseGate
+
+# -- enqueue ---------------------------------------------------------------------------------
+
+
+def phase_e100(o: Options) -> Metrics:
+    reset()
+    batches = o.e100_n // 100
+    started = time.perf_counter()
+    for b in range(batches):
+        with transaction.atomic():
+            enqueue_many([{"target": targets.AT_MOST_ONCE, "payload": payload(b * 100 + j)}
+                          for j in range(100)])
+    elapsed = time.perf_counter() - started
+    stored = remaining()
+    if stored != batches * 100:
+        raise RuntimeError(f"E100 stored {stored} rows, expected {batches * 100}")
+    out = {"e100": batches * 100 / elapsed}
+    if store.is_postgres():
+        out["e100_raw"] = raw_e100(o.e100_n)
+    return out
+
+
+def phase_e1(o: Options) -> Metrics:
+    reset()
+    started = time.perf_counter()
+    for i in range(o.e1_n):
+        enqueue(targets.AT_MOST_ONCE, payload(i))
+    elapsed = time.perf_counter() - started
+    if remaining() != o.e1_n:
+        raise RuntimeError("E1 stored a different number of rows")
+    out = {"e1": o.e1_n / elapsed}
+    if store.is_postgres():
+        out["e1_raw"] = raw_e1(o.e1_n)
+    return out
+
+
+
+# -- drains ----------------------------------------------------------------------------------
+
+
+def phase_d1(o: Options) -> Metrics:
+    out: Metrics = {}
+    for kind, target in targets.FAST_KINDS.items():
+        for count in (1, 3):
+            r = drain(o, "run_fast_lane", target, o.d1_n, count,
+                      f"d1-{target.split('.')[-1]}-{count}w",
+                      lambda c=count: partitions_balanced(c))
+            out[f"d1_fast:{kind}:{count}"] = r["rate"]
+            out[f"d1_fast:{kind}:{count}:startup_s"] = r["startup_s"]
+            out[f"d1_fast:{kind}:{count}:dead"] = r["dead"]
+            print(f"    D1 fast {kind} {count}w: {r['rate']:,.0f} jobs/s "
+                  f"(drain {r['drain_s']:.2f}s, start-up {r['startup_s']:.2f}s, dead {r['dead']})",
+                  flush=True)
+    if store.is_postgres():
+        reset()
+        out["d1_raw:1"] = raw_drain(o.d1_n, 1)
+        out["d1_raw:100"] = raw_drain(o.d1_n, 100)
+        print(f"    raw psycopg drain: {out['d1_raw:1']:,.0f} jobs/s one by one, "
+              f"{out['d1_raw:100']:,.0f} jobs/s 100 at a time", flush=True)
+    return out
+
+
+def phase_long(o: Options) -> Metrics:
+    out: Metrics = {}
+    for count in (1, 3):
+        r = drain(o, "run_long_lane", targets.LONG, o.long_n, count, f"long-{count}w",
+                  lambda c=count: workers_registered(c))
+        out[f"d1_long:{count}"] = r["rate"]
+        out[f"d1_long:{count}:dead"] = r["dead"]
+        print(f"    D1 long {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
+              f"start-up {r['startup_s']:.2f}s, dead {r['dead']})", flush=True)
+    return out
+
+
+def read_starts(path: Path) -> dict[str, float]:
+    got: dict[str, float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                got[parts[0]] = float(parts[1])
+    return got
+
+
+def latency_run(o: Options, mode: str) -> tuple[float, float, int]:
+    """L: one idle fast worker; ``lat_n`` jobs at ``lat_rate``/s, each its own commit."""
+    reset()
+    o.logs.mkdir(parents=True, exist_ok=True)
+    lat_file = o.logs / f"latency-{mode}.task"
+    lat_file.unlink(missing_ok=True)
+    env = {targets.LAT_FILE_ENV: str(lat_file)}
+    if mode == "poll":
+        env["JOBS_NOTIFY"] = "off"
+    tag = uuid.uuid4().hex[:8]
+    after: dict[str, float] = {}
+    workers = Workers(o, "run_fast_lane", 1, f"latency-{mode}", env)
+    with running(workers):
+        warm = f"lat-warm-{tag}"
+        enqueue(targets.LATENCY, payload(-1), dedupe_key=warm)
+        wait_for("warm-up job", lambda: warm in read_starts(lat_file), workers, timeout=60)
+        time.sleep(2.0)  # idle and waiting
+        started = time.perf_counter()
+        for i in range(o.lat_n):
+            delay = started + i / o.lat_rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            key = f"lat-{tag}-{i}"
+            enqueue(targets.LATENCY, payload(i), dedupe_key=key)
+            after[key] = time.time()
+        with contextlib.suppress(TimeoutError):
+            wait_for("every job started", lambda: set(after) <= set(read_starts(lat_file)),
+                     workers, timeout=60)
+    starts = read_starts(lat_file)
+    lats = [(starts[k] - t) * 1000 for k, t in after.items() if k in starts]
+    return pct(lats, 50), pct(lats, 99), len(after) - len(lats)
+
+
+def phase_latency(o: Options) -> Metrics:
+    out: Metrics = {}
+    modes = ["notify", "poll"] if store.is_postgres() else ["poll"]
+    for mode in modes:
+        p50, p99, missing = latency_run(o, mode)
+        out[f"lat:{mode}:p50"], out[f"lat:{mode}:p99"] = p50, p99
+        out[f"lat:{mode}:missing"] = missing
+        print(f"    L {mode}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, missing {missing}", flush=True)
+    return out
+
+
+# -- profile (on request: --only profile) ----------------------------------------------------
+
+
+def phase_profile(o: Options) -> Metrics:
+    """The fast lane's run_once loop in this process, one worker holding all partitions, per
+    target kind: once plain (jobs/s, SQL statements per job), once under cProfile (written to
+    ``<results>/profile_<target>.txt``)."""
+    out: Metrics = {}
+    with quiet_engine_log(o.log_level):
+        for kind, target in targets.FAST_KINDS.items():
+            plain = run_lane(target, o.d1_n)
+            out[f"profile:{kind}:rate"] = plain.handed / plain.elapsed
+            out[f"profile:{kind}:sql_per_job"] = plain.statements / max(plain.handed, 1)
+            print(f"    in-process {kind}: {plain.handed / plain.elapsed:,.0f} jobs/s, "
+                  f"{plain.statements / max(plain.handed, 1):.2f} SQL statements per job, "
+                  f"{plain.polls} polls", flush=True)
+            profiler = cProfile.Profile()
+            path = write_profile(o, kind, target, run_lane(target, o.d1_n, profiler), profiler)
+            print(f"    profile {kind}: written to {shown(path)}", flush=True)
+    reset()
+    return out
+
+
+@dataclass
+class LaneRun:
+    handed: int
+    polls: int
+    elapsed: float
+    statements: int
+
+
+def run_lane(target: str, n: int, profiler: cProfile.Profile | None = None) -> LaneRun:
+    """``n`` jobs of ``target`` drained by ``FastLane.run_once`` in this process (under
+    ``profiler`` if given), every SQL statement counted."""
+    reset()
+    fill(target, n)
+    analyze()
+    settings = jobs_settings()
+    worker_id = new_worker_id()
+    leases = PartitionLeases(worker_id, settings)
+    leases.heartbeat()
+    lane = FastLane(worker_id, settings, leases, PauseGate(worker_id, settings))
+    statements = 0
+
+    def count(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
+        nonlocal statements
+        statements += 1
+        return execute(query, params, many, context)
+
+    handed = polls = 0
+    started = time.perf_counter()
+    with connection.execute_wrapper(count):
+        if profiler:
+            profiler.enable()
+        while got := lane.run_once():
+            polls += 1
+            handed += got
+        polls += 1  # the last, empty poll
+        if profiler:
+            profiler.disable()
+    elapsed = time.perf_counter() - started
+    leases.release_all()
+    return LaneRun(handed, polls, elapsed, statements)
+
+
+def write_profile(o: Options, kind: str, target: str, run: LaneRun,
+                  profiler: cProfile.Profile) -> Path:
+    buf = io.StringIO()
+    # strip_dirs: file names only, no path of the machine that ran it
+    stats = pstats.Stats(profiler, stream=buf).strip_dirs()
+    stats.sort_stats("cumulative").print_stats(35)
+    stats.sort_stats("tottime").print_stats(25)
+    o.results_dir.mkdir(parents=True, exist_ok=True)
+    path = o.results_dir / f"profile_{target.split('.')[-1]}.txt"
+    path.write_text(f"# {kind}: {run.handed} jobs in {run.elapsed:.2f}s under cProfile, "
+                    f"{run.polls} polls\n" + buf.getvalue())
+    return path
+
+
+@contextlib.contextmanager
+def quiet_engine_log(level: str) -> Iterator[None]:
+    """The engine's log at ``level`` into /dev/null while a lane runs in this process (the
+    workers' log level, without the driver's console)."""
+    logger = logging.getLogger("jobs_engine")
+    old_level, old_handlers = logger.level, logger.handlers[:]
+    with open(os.devnull, "w") as sink:
+        logger.setLevel(level)
+        logger.handlers = [logging.StreamHandler(sink)]
+        try:
+            yield
+        finally:
+            logger.handlers = old_handlers
+            logger.setLevel(old_level)
+
+
+# -- kafka: fast lane → a real broker, beside the raw producer -------------------------------
+
+
+def phase_kafka(o: Options) -> Metrics:
+    """Fast lane → Kafka end to end: ``kafka_n`` pre-enqueued events drained by 1 and 3
+    ``run_fast_lane`` processes per delivery mode (a row is deleted only after its delivery
+    report, so an empty queue means the broker acknowledged every record; the topic's end
+    offsets are checked too), then the raw producer on the same records in the same round."""
+    broker = kafka_broker(o)
+    env = targets.kafka_settings(broker.bootstrap)
+    out: Metrics = {}
+    for kind in targets.KAFKA_TOPICS:
+        target, topic = targets.kafka_target(kind), targets.kafka_topic(kind)
+        for count in (1, 3):
+            before = kafka_end_offset(broker.bootstrap, topic)
+            r = drain(o, "run_fast_lane", target, o.kafka_n, count,
+                      f"kafka-{kind}-{count}w", lambda c=count: partitions_balanced(c), env=env,
+                      filler=lambda t=target: kafka_fill(t, o.kafka_n, o.kafka_keys))
+            appended = kafka_end_offset(broker.bootstrap, topic) - before
+            out[f"kafka:{kind}:{count}"] = r["rate"]
+            out[f"kafka:{kind}:{count}:startup_s"] = r["startup_s"]
+            out[f"kafka:{kind}:{count}:dead"] = r["dead"]
+            out[f"kafka:{kind}:{count}:missing"] = o.kafka_n - appended
+            print(f"    kafka {kind} {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
+                  f"start-up {r['startup_s']:.2f}s, dead {r['dead']}, records appended "
+                  f"{appended:,})", flush=True)
+    topic = targets.kafka_topic("at-most-once")
+    out["kafka_raw"] = raw_kafka(broker.bootstrap, topic, o.kafka_n, o.kafka_keys, None)
+    out["kafka_raw:100"] = raw_kafka(broker.bootstrap, topic, o.kafka_n, o.kafka_keys, 100)
+    for kind in targets.KAFKA_TOPICS:
+        for count in (1, 3):
+            out[f"kafka_ratio:{kind}:{count}"] = out[f"kafka:{kind}:{count}"] / out["kafka_raw"]
+    print(f"    raw producer: {out['kafka_raw']:,.0f} msg/s produce-all-then-flush, "
+          f"{out['kafka_raw:100']:,.0f} msg/s flushing every 100", flush=True)
+    reset()
+    return out
+
+
+PHASE_FUNCS: dict[str, Callable[[Options], Metrics]] = {
+    "e100": phase_e100, "e1": phase_e1, "d1": phase_d1, "long": phase_long,
+    "latency": phase_latency, "poll": phase_poll, "profile": phase_profile,
+    "kafka": phase_kafka,
+}
+
+
