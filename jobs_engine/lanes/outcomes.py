@@ -25,6 +25,7 @@ from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
+from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.registry import Target
 from jobs_engine.signals import announce_dead, log_run
 from jobs_engine.states import DeliveryMode, Lane
@@ -193,8 +194,12 @@ def count_runs(runs: Sequence[tuple[str, OutcomeKind]], now: datetime) -> None:
     hour = stat_hour(now)
     try:
         store.job_stats_add(Counter((hour, target, kind.value) for target, kind in runs))
-    except Exception:
-        logger.exception("job statistics not written for %s runs", len(runs))
+    except Exception as exc:
+        if not is_database_fault(exc):
+            logger.exception("job statistics not written for %s runs", len(runs))
+            return
+        logger.warning("job statistics not written for %s runs: %s", len(runs),
+                       (str(exc).strip().splitlines() or [""])[0])
 
 
 def _existing_ids(ids: Sequence[int]) -> set[int]:

@@ -268,6 +268,11 @@ def refuse_unused_input(view: Callable[..., Any]) -> Callable[..., Any]:
                  for name in type(value).model_fields}
         problems = [f"query.{name}: unknown parameter"
                     for name in sorted(set(request.GET) - known)]
+        # An empty value (``?code=``) reads as "not given" to the parser: it filters on
+        # nothing while the client asked for something, so it is refused like a bad value.
+        problems += [f"query.{name}: must not be empty"
+                     for name in sorted(set(request.GET) & known)
+                     if any(value == "" for value in request.GET.getlist(name))]
         if not any(isinstance(value, BodyIn) for value in values):
             problems += _no_body(request)
         if problems:

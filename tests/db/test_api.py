@@ -365,6 +365,14 @@ def test_an_unknown_query_parameter_is_400_on_an_action(client: Client, targets:
     assert Job.objects.get(id=job.id).status == JobStatus.DEAD
 
 
+@pytest.mark.parametrize("query", ["code=", "key=", "target=&code=x", "status="])
+def test_an_empty_filter_is_400_not_a_list_of_everything(client: Client, query: str) -> None:
+    """An empty value reads as "not given" to the parser; the client asked to filter on
+    something, so it is told, not handed every row."""
+    body = assert_error(client.get(f"{JOBS}?{query}"), 400, "validation_error")
+    assert any("must not be empty" in line or "query." in line for line in body["message"])
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_retries_one_200_one_409(targets: Any) -> None:
     targets("api.race")

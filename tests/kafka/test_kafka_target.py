@@ -31,7 +31,6 @@ from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus
 from kafka_target.producer import producers
-from kafka_target.settings import parse_kafka_settings
 from kafka_target.target import DISABLED_REASON, KafkaSendError, KafkaTarget, classify
 from tests.kafka.conftest import REPO_ROOT, KafkaBroker, LaneWorker, TopicReader
 
@@ -170,7 +169,7 @@ def test_per_row_handler_sends_one_record(kafka_targets: Any, reader: Any) -> No
     """The per-row handler produces and flushes one record; failures raise the outcome."""
     target = kafka_targets(EXTRA_TOPICS=["jt.main"])[0]
     topic = reader("jt.main")
-    job = Job(id=7, target=target.name, code="c", key="k7", version=0, payload={"x": 1},
+    job = Job(id=7, target=target.name, code="c", key="k7", version=0, payload_json='{"x": 1}',
               headers={}, attempts=0, trace_id="not-a-w3c-id", dedupe_key="d7")
     target.handler(job)
     got = topic.read()
@@ -178,7 +177,7 @@ def test_per_row_handler_sends_one_record(kafka_targets: Any, reader: Any) -> No
     # A trace id that is not 32 hex digits still yields a valid, stable-trace traceparent.
     assert TRACEPARENT.fullmatch(got[0].headers["traceparent"].decode())
     with pytest.raises(DeadNow, match="empty value"):
-        target.handler(job._replace(payload=None))
+        target.handler(job._replace(payload_json=None))
 
 
 # -- settings switches ---------------------------------------------------------------------
@@ -451,15 +450,22 @@ def test_error_classes(code: int, outcome: type[BaseException], target_up: bool 
     assert classify(None, "t") is None
 
 
-def test_send_never_raises(kafka_targets: Any) -> None:
-    """Whatever goes wrong inside a send is an outcome (here a bug-like failure: a payload
-    JSON cannot carry), never an exception out of the batch handler."""
+def test_send_never_raises(kafka_targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever goes wrong inside a send is an outcome (here a bug-like failure while a
+    record is built), never an exception out of the batch handler."""
+    from kafka_target import target as target_module
+
     target = kafka_targets(EXTRA_TOPICS=["jt.main"])[0]
     kafka: KafkaTarget = target.extra["kafka"]
-    job = Job(id=1, target=target.name, code="c", key="k", version=0, payload=float("nan"),
+
+    def broken(job: Job, topic: str) -> Any:
+        raise RuntimeError("a bug while building the record")
+
+    monkeypatch.setattr(target_module, "build_message", broken)
+    job = Job(id=1, target=target.name, code="c", key="k", version=0, payload_json="{}",
               headers={}, attempts=0, trace_id="", dedupe_key="d")
     results = kafka.send([job])
-    assert len(results) == 1 and isinstance(results[0], DeadNow)
+    assert len(results) == 1 and isinstance(results[0], KafkaSendError)
 
 
 # -- start-up ------------------------------------------------------------------------------
@@ -482,9 +488,13 @@ def test_bad_bootstrap_address_is_a_clear_error_at_start_up(broker: KafkaBroker)
 
 
 def test_settings_are_parsed_from_jobs_kafka(settings: Any) -> None:
-    """The targets come from ``jobs_settings().KAFKA``, the engine's settings object."""
+    """The targets come from ``JOBS["KAFKA"]``, this app's section of the ``JOBS`` setting
+    (the engine passes over it)."""
+    from kafka_target.settings import configured
+
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": ["127.0.0.1:1"], "EXTRA_TOPICS": "a"}}
-    kafka = parse_kafka_settings(conf.jobs_settings().KAFKA, environ={})
+    assert conf.jobs_settings().PARTITIONS == 64  # the engine's own settings still load
+    kafka = configured()
     assert kafka.bootstrap_servers == ("127.0.0.1:1",)
     assert [spec.target for spec in kafka.extra_topics] == ["kafka:a"]
 
@@ -531,19 +541,17 @@ def test_producer_config_keeps_every_send_bounded(kafka_targets: Any) -> None:
 
 
 def test_payload_value_is_the_stored_json_text() -> None:
-    """The lanes hand the payload as its stored JSON text, sent as is (UTF-8, not decoded
-    and encoded again); a payload decoded by hand is sent as compact JSON."""
+    """The record's value is the payload's stored JSON text, sent as is (UTF-8, not decoded
+    and encoded again)."""
     from kafka_target.target import build_message
 
     stored = '{"a": [1, 2], "é": null}'
-    job = Job(id=3, target="kafka:t", code="c", key=None, version=0, payload=stored,
+    job = Job(id=3, target="kafka:t", code="c", key=None, version=0, payload_json=stored,
               headers={}, attempts=0, trace_id="", dedupe_key="d")
     message = build_message(job, "t")
     assert message.value == stored.encode()
     assert message.key is None
     assert dict(message.headers) == {"event_id": b"3"}
-    decoded = build_message(job._replace(payload={"a": [1, 2], "é": None}), "t")
-    assert decoded.value == '{"a":[1,2],"é":null}'.encode()
     for empty in (None, "null"):
         with pytest.raises(DeadNow, match="empty value"):
-            build_message(job._replace(payload=empty), "t")
+            build_message(job._replace(payload_json=empty), "t")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs_engine import states, store  # noqa: F401  importing the store makes its edges
+from jobs_engine import states, store
 from jobs_engine.states import ALLOWED, DEAD, DELETED, PENDING, RUNNING, transition
 
 
