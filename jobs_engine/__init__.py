@@ -16,12 +16,18 @@ _PUBLIC = {
     "enqueue_many": "jobs_engine.enqueueing",
     "next_version": "jobs_engine.enqueueing",
     "EnqueueResult": "jobs_engine.enqueueing",
-    # targets and what their handlers get
+    # targets, their policies and what their handlers get
     "register_target": "jobs_engine.registry",
+    "JobPolicy": "jobs_engine.policies",
+    "DEFAULT_POLICY": "jobs_engine.policies",
+    "RUN_ONCE_POLICY": "jobs_engine.policies",
     "Job": "jobs_engine.job",
     "Lane": "jobs_engine.states",
     "DeliveryMode": "jobs_engine.states",
     "JobStatus": "jobs_engine.states",
+    # one job, for operators
+    "get_job": "jobs_engine.inspection",
+    "JobInfo": "jobs_engine.inspection",
     # handler outcomes
     "TargetUnreachable": "jobs_engine.errors",
     "TargetOutcomeUnknown": "jobs_engine.errors",
@@ -31,6 +37,7 @@ _PUBLIC = {
     "UnknownTarget": "jobs_engine.errors",
     "DuplicateTarget": "jobs_engine.errors",
     "InvalidJob": "jobs_engine.errors",
+    "InvalidPolicy": "jobs_engine.errors",
     # the DEAD alert
     "job_dead": "jobs_engine.signals",
 }

@@ -22,8 +22,6 @@ class JobsSettings:
     PARTITIONS: int = 64
     FAST_BATCH: int = 100
     LONG_BATCH: int = 10
-    RETRY_DELAYS: tuple[float, ...] = (60, 120, 240, 480, 960)
-    MAX_ATTEMPTS: int = 6
     POLL_S: float = 1
     IDLE_POLL_S: tuple[float, ...] = (1, 2, 5)
     PARTITION_LEASE_S: float = 30
@@ -34,6 +32,13 @@ class JobsSettings:
     TICK_S: float = 15
     GRACE_S: float = 60
     DEAD_TTL_DAYS: float = 30
+    # Retention: how often a worker prunes completed and DEAD jobs past their targets'
+    # keep counts (and DEAD ones past DEAD_TTL_DAYS).
+    RETENTION_S: float = 60
+    # A PENDING row whose target no handler in this worker knows goes DEAD ("no handler
+    # registered") once it has been due this long: long enough for a rolling deploy to
+    # bring up the workers of a release that added the target.
+    UNHANDLED_GRACE_S: float = 900
     MAX_PAYLOAD_BYTES: int = 1_048_576
     MAX_KEY_LENGTH: int = 255
     MAX_CODE_LENGTH: int = 200
@@ -59,17 +64,17 @@ class JobsSettings:
         if found:
             return found
         positive = (
-            "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "MAX_ATTEMPTS", "POLL_S",
+            "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "POLL_S", "RETENTION_S",
             "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S", "LONG_HEARTBEAT_S",
             "PROBE_S", "TICK_S", "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH", "MAX_CODE_LENGTH",
         )
         for name in positive:
             if not getattr(self, name) > 0:
                 found.append((name, f"must be greater than 0, got {getattr(self, name)!r}"))
-        for name in ("GRACE_S", "DEAD_TTL_DAYS"):
+        for name in ("GRACE_S", "DEAD_TTL_DAYS", "UNHANDLED_GRACE_S"):
             if getattr(self, name) < 0:
                 found.append((name, f"must not be negative, got {getattr(self, name)!r}"))
-        for name in ("RETRY_DELAYS", "IDLE_POLL_S"):
+        for name in ("IDLE_POLL_S",):
             values = getattr(self, name)
             if not values or any(v < 0 for v in values):
                 found.append((name, f"must be a non-empty list of delays >= 0, got {values!r}"))
@@ -94,7 +99,11 @@ _NUMBERS = {"int": "whole number", "float": "number",
             "tuple[float, ...]": "list of numbers of seconds"}
 _OTHERS: dict[str, tuple[type, str]] = {"bool": (bool, "True or False"),
                                          "str": (str, "a string")}
-_NUMBER_LISTS = {"RETRY_DELAYS", "IDLE_POLL_S"}
+_NUMBER_LISTS = {"IDLE_POLL_S"}
+# Settings of earlier releases that no longer apply: retries follow each target's
+# JobPolicy. Still accepted (a warning at start-up says so), never used.
+RETIRED = {"MAX_ATTEMPTS": "retries follow each target's JobPolicy (attempts)",
+           "RETRY_DELAYS": "retries follow each target's JobPolicy (backoff_s, doubled)"}
 
 
 def _parse_env(name: str, raw: str, default: Any) -> Any:
@@ -127,7 +136,7 @@ def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, st
     environ = os.environ if environ is None else environ
     defaults = JobsSettings()
     known = {f.name for f in dataclasses.fields(JobsSettings)}
-    unknown = sorted(set(given) - known - _SECTIONS)
+    unknown = sorted(set(given) - known - _SECTIONS - set(RETIRED))
     if unknown:
         raise InvalidSettings(f"JOBS has unknown settings: {', '.join(map(str, unknown))} (an "
                               "app that reads a section of JOBS must be in INSTALLED_APPS)")

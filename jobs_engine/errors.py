@@ -3,10 +3,11 @@
 Four families, each named for the condition:
 
 - caller errors, raised before anything is written: ``UnknownTarget``, ``DuplicateTarget``,
-  ``InvalidJob`` (and ``schedules``' ``InvalidSchedule``, ``DuplicateSchedule``);
+  ``InvalidJob``, ``InvalidPolicy`` (and ``schedules``' ``InvalidSchedule``,
+  ``DuplicateSchedule``);
 - handler outcomes, raised by a target's handler to steer its row: ``TargetUnreachable``,
   ``TargetOutcomeUnknown``, ``DeadNow`` (``kafka_target``'s ``KafkaSendError`` is an
-  answered failure);
+  answered failure; ``InvalidResult`` is the engine's verdict on a result it cannot store);
 - refused operator actions, which changed nothing and carry the API's answer:
   ``OperationRefused`` and below it ``NotFound`` (``JobNotFound``, ``ScheduleNotFound``),
   ``InvalidStatus`` and ``schedules``' ``InvalidCron``;
@@ -61,6 +62,17 @@ class InvalidJob(JobsEngineError, ValueError):
         self.problem = problem
 
 
+class InvalidPolicy(JobsEngineError, ValueError):
+    """A ``JobPolicy`` knob that cannot work; ``field`` names the knob."""
+
+    code = "invalid_policy"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid_policy: {field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
 # -- handler outcomes ---------------------------------------------------------------------
 
 
@@ -82,6 +94,11 @@ class TargetOutcomeUnknown(JobsEngineError):
 
 class DeadNow(JobsEngineError):
     """A resend can never succeed (e.g. the record is invalid): DEAD at once."""
+
+
+class InvalidResult(JobsEngineError):
+    """A handler returned a value the engine cannot store as JSON: the handler's bug, so
+    the try fails (and is retried by the target's policy) rather than losing the value."""
 
 
 # -- refused operator actions -------------------------------------------------------------

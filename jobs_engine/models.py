@@ -1,7 +1,8 @@
-"""Tables of the engine: jobs, partition leases, worker liveness, shared pause state,
-per-key version counters, hourly run statistics and the operators' audit trail.
+"""Tables of the engine: jobs, completed jobs, partition leases, worker liveness, shared
+pause state, per-key version counters, hourly run statistics and the operators' audit
+trail.
 
-The indexes are named after the query they serve; ``store.py`` holds those queries.
+The indexes are named after the query they serve; ``store/`` holds those queries.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Job(models.Model):
     status = models.CharField(max_length=8, choices=JobStatus.choices, default=JobStatus.PENDING)
     delivery_mode = models.CharField(max_length=16, choices=DeliveryMode.choices,
                                      default=DeliveryMode.AT_MOST_ONCE)
-    attempts = models.IntegerField(default=0, help_text="Answered failures so far.")
+    attempts = models.IntegerField(default=0, help_text="Tries made so far.")
     next_run_at = models.DateTimeField()
     last_error = models.TextField(blank=True, default="")
     # Long lane claim: every write by the holder is guarded on its token (fencing).
@@ -64,6 +65,9 @@ class Job(models.Model):
             # Long lane reclaim of expired leases.
             models.Index(fields=["lease_until"], condition=RUNNING, name="jobs_running_lease"),
             models.Index(fields=["status", "closed_at"], name="jobs_status_closed"),
+            # Retention: the newest DEAD rows of a target are kept (keep_failed).
+            models.Index(fields=["target", "closed_at", "id"], condition=Q(status="DEAD"),
+                         name="jobs_dead_by_target"),
             # Admin and API: exact search and filter by key.
             models.Index(fields=["key"], condition=Q(key__isnull=False), name="jobs_key"),
         ]
@@ -77,6 +81,63 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.target} #{self.id} ({self.status})"
+
+
+class CompletedJob(models.Model):
+    """A job that completed, kept with its result because its target's policy keeps
+    completed jobs (``keep_completed``): status DONE. Apart from the hot ``Job`` table, so
+    thousands of kept rows never weigh on a lane's statements, and a completion is one
+    move (delete there, append here) rather than an update of every index of the hot
+    table. The id is the job's own."""
+
+    id = models.BigIntegerField(primary_key=True)
+    target = models.CharField(max_length=200)
+    lane = models.CharField(max_length=8, choices=Lane.choices)
+    code = models.CharField(max_length=200)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    version = models.BigIntegerField(default=0)
+    partition = models.SmallIntegerField(default=0)
+    dedupe_key = models.CharField(max_length=255)
+    delivery_mode = models.CharField(max_length=16, choices=DeliveryMode.choices)
+    payload = models.JSONField(null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True, help_text="What the handler returned.")
+    attempts = models.IntegerField(default=1, help_text="Tries made, this one included.")
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    actor = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    duration_ms = models.FloatField(default=0.0)
+
+    class Meta:
+        db_table = "jobs_engine_done"
+        indexes = [
+            # Retention: the newest keep_completed of a target stay (also the admin filter).
+            models.Index(fields=["target", "finished_at", "id"], name="jobs_done_by_target"),
+        ]
+
+    @property
+    def status(self) -> str:
+        return JobStatus.DONE.value
+
+    def __str__(self) -> str:
+        return f"{self.target} #{self.id} (DONE)"
+
+
+class RegisteredTarget(models.Model):
+    """No table: the admin lists the targets registered in the serving process, with their
+    lane, delivery mode and policy, from the registry (``operators.admin``)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        managed = False
+        db_table = "jobs_engine_registered_target"  # never created, never queried
+        verbose_name = "target"
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Partition(models.Model):

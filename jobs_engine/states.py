@@ -2,7 +2,9 @@
 
 A job row is PENDING until it runs; the long lane holds it RUNNING under a lease; DEAD
 is where it rests when it will not run again on its own (kept for operators until they
-retry or skip it, or retention removes it). A finished row is deleted (``None`` below).
+retry or skip it, or retention removes it); DONE when it completed and its target's
+policy keeps completed jobs (in the table of completed jobs, apart from the hot one). A
+row removed for good is ``None`` below.
 
 Every status change of the engine is a ``Transition`` made here: the store takes a
 statement's statuses from it, so a write outside ``ALLOWED`` fails when its module is
@@ -20,6 +22,7 @@ class JobStatus(models.TextChoices):
     PENDING = "PENDING", "Pending"
     RUNNING = "RUNNING", "Running"  # long lane only; the fast lane marks its partition instead
     DEAD = "DEAD", "Dead"
+    DONE = "DONE", "Done"  # completed and kept, with its result (``models.CompletedJob``)
 
 
 class Lane(models.TextChoices):
@@ -32,8 +35,9 @@ class DeliveryMode(models.TextChoices):
     AT_LEAST_ONCE = "at_least_once", "At least once"
 
 
-PENDING, RUNNING, DEAD = JobStatus.PENDING, JobStatus.RUNNING, JobStatus.DEAD
-DELETED = None  # the row is gone: done, skipped, cancelled or pruned
+PENDING, RUNNING, DEAD, DONE = (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.DEAD,
+                                JobStatus.DONE)
+DELETED = None  # the row is gone: done and not kept, skipped, cancelled or pruned
 
 # (from, to) -> what makes the engine take it (docs/design.md#jobs-and-their-states).
 ALLOWED: dict[tuple[JobStatus | None, JobStatus | None], str] = {
@@ -41,13 +45,17 @@ ALLOWED: dict[tuple[JobStatus | None, JobStatus | None], str] = {
     (PENDING, PENDING): "fast lane: answered failure (retried later) or target unreachable",
     (PENDING, RUNNING): "long lane: reserved under a claim token and a lease",
     (PENDING, DEAD): "fast lane: dead outcome, or presumed by a takeover of the row in flight",
-    (PENDING, DELETED): "fast lane: done; operator: cancel",
+    (PENDING, DONE): "fast lane: done, kept by the target's policy",
+    (PENDING, DELETED): "fast lane: done and not kept; operator: cancel",
     (RUNNING, PENDING): "long lane: retried, unreachable, or its expired lease rescued",
     (RUNNING, DEAD): "long lane: dead outcome, or presumed by the rescue of an expired lease",
-    (RUNNING, DELETED): "long lane: done; operator: cancel before the handler started",
+    (RUNNING, DONE): "long lane: done, kept by the target's policy",
+    (RUNNING, DELETED): "long lane: done and not kept; operator: cancel before it started",
     (DEAD, PENDING): "operator: retry; or the holder's late outcome replaces a presumed DEAD",
     (DEAD, DEAD): "the holder's late outcome replaces a presumed DEAD",
+    (DEAD, DONE): "the holder's late done outcome replaces a presumed DEAD (kept)",
     (DEAD, DELETED): "operator: skip; retention; or the holder's late done outcome",
+    (DONE, DELETED): "retention: beyond the newest keep_completed of its target",
 }
 
 

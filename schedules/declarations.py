@@ -13,11 +13,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import models
 
 from jobs_engine.errors import DuplicateTarget
 from jobs_engine.job import Job
+from jobs_engine.policies import JobPolicy
 from jobs_engine.registry import Handler, register_target, unregister_target
 from jobs_engine.states import DeliveryMode, Lane
 from schedules.cron import CronSpec, parse_cron
@@ -37,7 +39,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 SKIP_BY_DEFAULT_UP_TO = timedelta(minutes=5)
 CODE = re.compile(r"[A-Za-z0-9_.-]+")  # what a schedule code may be
 
-SlotHandler = Callable[[datetime, Job], None]
+SlotHandler = Callable[[datetime, Job], Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,7 +81,7 @@ def default_policy(spec: CronSpec) -> MissedSlotPolicy:
 # What runs a slot's job: ``schedules.runner.run_slot``, set by the app's ``ready()``. The
 # runner reads the schedules table, which does not exist yet when ``declare()`` is called
 # (from an app's ``ready()``); handing it over here keeps this module below the runner.
-SlotRunner = Callable[[str, Job], None]
+SlotRunner = Callable[[str, Job], Any]
 _slot_runner: SlotRunner | None = None
 
 
@@ -88,12 +90,19 @@ def set_slot_runner(runner: SlotRunner) -> None:
     _slot_runner = runner
 
 
+def slot_policy(max_attempts: int) -> JobPolicy:
+    """The policy of a schedule's target: ``max_attempts`` runs of a slot, a minute apart and
+    doubling (a slot's handler is a batch of work, not a quick send); the last 10 runs kept
+    as completed jobs and the last 100 failed ones."""
+    return JobPolicy(attempts=max_attempts, backoff_s=60, keep_completed=10, keep_failed=100)
+
+
 def _slot_job_handler(code: str) -> Handler:
-    def handle(job: Job) -> None:
+    def handle(job: Job) -> Any:
         if _slot_runner is None:
             raise RuntimeError("the schedules app is not ready: add 'schedules' to "
                                "INSTALLED_APPS")
-        _slot_runner(code, job)
+        return _slot_runner(code, job)
 
     handle.__name__ = handle.__qualname__ = f"schedule_slot[{code}]"
     return handle
@@ -113,8 +122,8 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
     first) read in ``timezone`` (an IANA name). ``missed_slot_policy``: ``run_once`` or
     ``skip``; by default ``skip`` when slots come every 5 minutes or more often, else
     ``run_once``. ``max_attempts``: the **total number of runs** of one slot (3 = the first
-    run and 2 retries, after the ``RETRY_DELAYS`` 60 s then 120 s); then the slot's job is
-    DEAD and the next slot runs as usual.
+    run and 2 retries, 60 s then 120 s after: ``slot_policy``); then the slot's job is DEAD
+    and the next slot runs as usual.
 
     Raises ``InvalidCron`` (bad cron, unknown time zone, never fires within 5 years),
     ``DuplicateSchedule`` (the code is declared already) or ``InvalidSchedule``; nothing is
@@ -149,7 +158,7 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
         try:
             register_target(declaration.target, _slot_job_handler(code), lane=Lane.LONG,
                             exclusive=True, delivery_mode=DeliveryMode.AT_LEAST_ONCE,
-                            max_attempts=max_attempts)
+                            policy=slot_policy(max_attempts))
         except DuplicateTarget:
             raise DuplicateSchedule(code) from None
         _declared[code] = declaration

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import Any
 
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
@@ -54,8 +55,9 @@ def parse_slot(job: Job) -> tuple[datetime, bool]:
     return slot, bool(payload.get("run_now"))
 
 
-def run_slot(code: str, job: Job, now: datetime | None = None) -> None:
-    """The handler of target ``schedule:<code>``."""
+def run_slot(code: str, job: Job, now: datetime | None = None) -> Any:
+    """The handler of target ``schedule:<code>``; returns what the declared handler returned
+    (kept with the completed job)."""
     declaration = get_declaration(code)
     if declaration is None:
         raise DeadNow(f"schedule {code!r} is not declared in this process")
@@ -69,10 +71,10 @@ def run_slot(code: str, job: Job, now: datetime | None = None) -> None:
                 record_skip(code, slot, reason, now)
                 logger.warning("schedule slot skipped code=%s slot=%s reason=%s", code,
                                slot_iso(slot), reason)
-                return
+                return {"skipped": reason}
     record_run_started(code, slot, now)
     try:
-        declaration.handler(slot.astimezone(load_zone(declaration.timezone)), job)
+        return declaration.handler(slot.astimezone(load_zone(declaration.timezone)), job)
     finally:
         record_run_finished(code, clock())
 

@@ -37,10 +37,10 @@ from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes import outcomes
 from jobs_engine.lanes.clock import DatabaseClock
-from jobs_engine.lanes.handlers import call_batch_handler, call_handler
+from jobs_engine.lanes.handlers import Handed, call_batch_handler, call_handler
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.outage import is_database_fault
-from jobs_engine.lanes.outcomes import RunResult, judge
+from jobs_engine.lanes.outcomes import Outcome, RunResult, judge
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
@@ -283,28 +283,31 @@ class FastLane:
         started = self._monotonic()
         trusted = self.leases.trusted
         if target is None:
-            handed, errors = send, [UnknownTarget(send[0].target)] * len(send)
-            verdicts = [judge(job, None, error, clock(), self.settings)
-                        for job, error in zip(handed, errors, strict=True)]
+            handed, answers = send, [Handed(UnknownTarget(send[0].target))] * len(send)
         elif target.batch_handler is not None:
             kept = {p for p in {job.partition for job in send} if trusted(p)}
             handed = [job for job in send if job.partition in kept]
-            errors = call_batch_handler(target, handed) if handed else []
-            now = clock()
-            verdicts = [judge(job, target, error, now, self.settings)
-                        for job, error in zip(handed, errors, strict=True)]
+            answers = call_batch_handler(target, handed) if handed else []
         else:
-            handed, verdicts = [], []
+            handed, answers, verdicts = [], [], []
             for job in send:
                 if not trusted(job.partition):
                     continue
                 handed.append(job)
-                verdicts.append(judge(job, target, call_handler(target, job), clock(),
-                                      self.settings))
+                answers.append(call_handler(target, job))
+                verdicts.append(judge(job, target, answers[-1].error, clock()))
                 if verdicts[-1].pause_target:
                     break  # the target is down: the rest of this send is not handed
-        if not verdicts:
+            return self._results(handed, answers, verdicts, started)
+        now = clock()
+        return self._results(handed, answers, [judge(job, target, answer.error, now)
+                                               for job, answer in zip(handed, answers,
+                                                                      strict=True)], started)
+
+    def _results(self, handed: list[Job], answers: list[Handed], verdicts: list[Outcome],
+                 started: float) -> list[RunResult]:
+        if not answers:
             return []
-        duration_ms = (self._monotonic() - started) * 1000 / len(verdicts)
-        return [RunResult(job, verdict, duration_ms)
-                for job, verdict in zip(handed, verdicts, strict=True)]
+        duration_ms = (self._monotonic() - started) * 1000 / len(answers)
+        return [RunResult(job, verdict, duration_ms, answer.result_json)
+                for job, answer, verdict in zip(handed, answers, verdicts, strict=True)]

@@ -23,7 +23,7 @@ from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes.clock import DatabaseClock
-from jobs_engine.lanes.handlers import call_handler
+from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record
 from jobs_engine.lanes.pauses import PauseGate
@@ -117,11 +117,12 @@ class LongLane:
             try:
                 target = get_target(job.target)
             except UnknownTarget as exc:
-                target, error = None, exc
+                target, answer = None, Handed(exc)
             else:
-                error = call_handler(target, job)
+                answer = call_handler(target, job)
             duration_ms = (self._monotonic() - started) * 1000
-            result = RunResult(job, judge(job, target, error, clock(), self.settings), duration_ms)
+            result = RunResult(job, judge(job, target, answer.error, clock()), duration_ms,
+                               answer.result_json)
             self._record(token, result, clock)
             if probe and not result.outcome.pause_target:
                 self.pauses.probe_answered(job.target)

@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable, UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes.outage import is_database_fault
-from jobs_engine.registry import Target
+from jobs_engine.registry import Target, policy_for
 from jobs_engine.signals import announce_dead, log_run
 from jobs_engine.states import DeliveryMode, Lane
 
@@ -74,40 +74,36 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def retry_delay_s(attempts_after: int, delays: Sequence[float]) -> float:
-    """Delay before run ``attempts_after + 1``: the list's n-th entry, its last one after."""
-    return float(delays[min(attempts_after, len(delays)) - 1])
-
-
-def judge(job: Job, target: Target | None, exc: BaseException | None, now: datetime,
-          settings: JobsSettings) -> Outcome:
-    """Map a handler's result to an outcome (docs/design.md#outcomes)."""
+def judge(job: Job, target: Target | None, exc: BaseException | None, now: datetime
+          ) -> Outcome:
+    """Map a handler's result to an outcome (docs/design.md#outcomes), under the target's
+    policy. A try spends an attempt whatever its result, except when nothing reached the
+    target (unreachable) or there was no handler to try."""
     if exc is None:
         return _OK
     error = describe(exc)
+    if target is None or isinstance(exc, UnknownTarget):
+        return Outcome.dead(f"no handler registered for {job.target}")
     if isinstance(exc, DeadNow):
-        return Outcome.dead(error)
-    mode = target.delivery_mode if target else DeliveryMode(job.delivery_mode)
+        return Outcome.dead(error, spend_attempt=True)
     if isinstance(exc, TargetOutcomeUnknown):
-        if mode is DeliveryMode.AT_MOST_ONCE:
-            return Outcome.dead(error, pause_target=not exc.target_up)
+        if target.delivery_mode is DeliveryMode.AT_MOST_ONCE:
+            return Outcome.dead(error, pause_target=not exc.target_up, spend_attempt=True)
         return Outcome.paused(error)
     if isinstance(exc, TargetUnreachable):
         return Outcome.paused(error)
-    max_attempts = (target.max_attempts if target and target.max_attempts else
-                    settings.MAX_ATTEMPTS)
-    delays = (target.retry_delays if target and target.retry_delays else settings.RETRY_DELAYS)
-    attempts_after = job.attempts + 1
-    if attempts_after >= max_attempts:
-        return Outcome.dead(f"{error} (attempt {attempts_after} of {max_attempts})",
+    policy, tries = target.policy, job.attempts + 1
+    if tries >= policy.attempts:
+        return Outcome.dead(f"{error} (attempt {tries} of {policy.attempts})",
                             spend_attempt=True)
-    return Outcome.retried(now + timedelta(seconds=retry_delay_s(attempts_after, delays)), error)
+    return Outcome.retried(now + timedelta(seconds=policy.delay_s(tries)), error)
 
 
 class RunResult(NamedTuple):
     job: Job
     outcome: Outcome
     duration_ms: float
+    result_json: str | None = None  # what the handler returned, as JSON text
 
 
 def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
@@ -130,19 +126,27 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     admin changed it): the result is reported as ``lost`` and nothing else happens.
     """
     written: list[RunResult] = []
-    done: list[RunResult] = []
+    done: dict[bool, list[RunResult]] = {True: [], False: []}  # by "kept by the policy"
     others: list[RunResult] = []
     for result in results:
-        (done if result.outcome.kind is OutcomeKind.OK else others).append(result)
-    if done:
-        deleted = store.jobs_delete_succeeded(guard, [(r.job.id, r.job.attempts)
-                                                      for r in done])  # type: ignore[misc]
-        # A batch delete reports only a count; a short count is rare (a takeover raced us).
-        if deleted == len(done):
-            written += done
+        if result.outcome.kind is OutcomeKind.OK:
+            done[policy_for(result.job.target).keep_completed > 0].append(result)
         else:
-            remaining = _existing_ids([r.job.id for r in done])  # type: ignore[misc]
-            written += [r for r in done if r.job.id not in remaining]
+            others.append(result)
+    for keep, group in done.items():
+        if not group:
+            continue
+        matched = store.jobs_done(guard, [
+            store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
+                       now - timedelta(milliseconds=r.duration_ms), r.duration_ms)
+            for r in group], now, keep=keep)
+        # A statement for a whole send reports only a count; a short one is rare (a
+        # takeover raced us): the rows still in the table are the ones it did not match.
+        if matched == len(group):
+            written += group
+        else:
+            remaining = _existing_ids([r.job.id for r in group])  # type: ignore[misc]
+            written += [r for r in group if r.job.id not in remaining]
     for result in others:
         kind, job, outcome = result.outcome.kind, result.job, result.outcome
         assert job.id is not None

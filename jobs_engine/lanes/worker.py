@@ -32,7 +32,7 @@ from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.lanes.retention import DeadPruner
+from jobs_engine.lanes.retention import RetentionService
 from jobs_engine.states import Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -211,7 +211,7 @@ class WorkerProcess:
         self.wakeup: Wakeup | None = None
         self._heartbeat_ok_until = 0.0
         self._stop_beats = threading.Event()
-        self.pruner = DeadPruner(self.settings)  # DEAD_TTL_DAYS, at most once an hour
+        self.retention = RetentionService(self.settings)  # keep counts, DEAD_TTL_DAYS, unhandled
 
     def _poke(self) -> None:
         if self.wakeup is not None:
@@ -326,7 +326,7 @@ class WorkerProcess:
         interval = min(self.settings.PARTITION_HEARTBEAT_S, self.settings.LONG_HEARTBEAT_S)
         while not self._stop_beats.wait(interval):
             if self._survive("heartbeat", self._beat, None).ok:
-                self.pruner.maybe_run()
+                self.retention.maybe_run()
         close_quietly()
 
     def _shutdown(self, beat: threading.Thread) -> None:

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from jobs_engine import states
-from jobs_engine.states import DEAD, DELETED, PENDING, RUNNING, Lane
+from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, Lane
 from jobs_engine.store.dialect import (
     dt,
     execute,
@@ -23,25 +23,36 @@ from jobs_engine.store.dialect import (
     read_dt,
     skip_locked,
 )
-from jobs_engine.store.queue import JOB_STATS, JOBS, PARTITIONS, WORKERS
+from jobs_engine.store.queue import DONE_JOBS, JOB_STATS, JOBS, PARTITIONS, WORKERS, ClosedJob
 
 __all__ = [
     "CANCEL",
     "PRUNE",
+    "PRUNE_DONE",
     "RETRY",
     "SKIP",
+    "UNHANDLED",
     "JobState",
     "RemovedJob",
+    "dead_counts",
+    "dead_prune_beyond",
+    "dead_targets",
+    "done_counts",
+    "done_prune_beyond",
+    "done_targets",
     "job_delete_if_dead",
     "job_delete_if_not_started",
+    "job_info_row",
     "job_retry_if_dead",
     "job_state",
     "job_stats_since",
     "job_stats_totals",
+    "jobs_close_unhandled",
     "jobs_count",
     "jobs_delete_dead_closed_before",
     "jobs_pending_by_lane",
     "jobs_release_key_held_by",
+    "pending_targets",
     "workers_outages",
 ]
 
@@ -49,6 +60,8 @@ RETRY = states.transition(DEAD, to=PENDING)
 SKIP = states.transition(DEAD, to=DELETED)
 CANCEL = states.transition(PENDING, RUNNING, to=DELETED)
 PRUNE = states.transition(DEAD, to=DELETED)
+PRUNE_DONE = states.transition(DONE, to=DELETED)
+UNHANDLED = states.transition(PENDING, to=DEAD)
 
 
 @dataclass(frozen=True)
@@ -155,6 +168,72 @@ def job_state(job_id: int) -> JobState | None:
 # -- retention ----------------------------------------------------------------------------
 
 
+def _beyond_newest(table: str, where: str, order: str) -> str:
+    """Ids past the newest ``%s`` rows of ``table`` matching ``where`` (newest first by
+    ``order``), at most ``%s`` of them; rows another worker is removing are skipped."""
+    return (f"SELECT id FROM {table} WHERE {where} ORDER BY {order} DESC, id DESC "
+            f"LIMIT %s OFFSET %s{skip_locked()}")
+
+
+def done_targets() -> list[str]:
+    """The targets that have completed jobs kept."""
+    return [t for (t,) in fetch(f"SELECT DISTINCT target FROM {DONE_JOBS}")]
+
+
+def done_prune_beyond(target: str, keep: int, limit: int) -> int:
+    """Delete up to ``limit`` completed jobs of ``target`` older than its newest ``keep``
+    (index ``jobs_done_by_target``)."""
+    assert PRUNE_DONE.sources == (DONE,)
+    return execute(
+        f"DELETE FROM {DONE_JOBS} WHERE id IN ("
+        f"{_beyond_newest(DONE_JOBS, 'target = %s', 'finished_at')})",
+        [target, limit, keep])
+
+
+def dead_targets() -> list[str]:
+    """The targets that have DEAD jobs."""
+    return [t for (t,) in fetch(f"SELECT DISTINCT target FROM {JOBS} WHERE status = %s",
+                                [DEAD.value])]
+
+
+def dead_prune_beyond(target: str, keep: int, limit: int) -> int:
+    """Delete up to ``limit`` DEAD jobs of ``target`` older than its newest ``keep`` (index
+    ``jobs_dead_by_target``)."""
+    return execute(
+        f"DELETE FROM {JOBS} WHERE id IN ("
+        f"{_beyond_newest(JOBS, 'status = %s AND target = %s', 'closed_at')})",
+        [*PRUNE.source_values, target, limit, keep])
+
+
+def pending_targets() -> list[str]:
+    """The targets that have PENDING rows: fast-lane ones read off the poll's index one
+    target at a time (a loose index scan), long-lane ones from theirs."""
+    fast = fetch(
+        f"WITH RECURSIVE t(target) AS (SELECT min(target) FROM {JOBS} WHERE status = %s "
+        f"AND lane = %s UNION ALL SELECT (SELECT min(j.target) FROM {JOBS} j "
+        "WHERE j.status = %s AND j.lane = %s AND j.target > t.target) FROM t "
+        "WHERE t.target IS NOT NULL) SELECT target FROM t WHERE target IS NOT NULL",
+        [PENDING.value, Lane.FAST.value, PENDING.value, Lane.FAST.value])
+    long = fetch(f"SELECT DISTINCT target FROM {JOBS} WHERE status = %s AND lane = %s",
+                 [PENDING.value, Lane.LONG.value])
+    return sorted({t for (t,) in fast} | {t for (t,) in long})
+
+
+def jobs_close_unhandled(target: str, due_before: datetime, now: datetime, limit: int
+                         ) -> list[ClosedJob]:
+    """PENDING rows of ``target``, a target no handler takes, due before ``due_before``:
+    DEAD with that reason, up to ``limit`` of them."""
+    reason = f"no handler registered for {target}"
+    rows = fetch(
+        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s "
+        f"WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s AND target = %s "
+        f"AND next_run_at < %s ORDER BY next_run_at LIMIT %s{skip_locked()}) "
+        "RETURNING id, target, code, dedupe_key",
+        [UNHANDLED.target, dt(now), reason, dt(now), *UNHANDLED.source_values, target,
+         dt(due_before), limit])
+    return [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in rows]
+
+
 def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
     """Retention: delete up to ``limit`` DEAD rows closed before ``cutoff`` (index
     ``jobs_status_closed``). Rows another worker is deleting right now are skipped."""
@@ -194,6 +273,28 @@ def jobs_count(statuses: Iterable[str] | None = None) -> int:
         return fetch(f"SELECT COUNT(*) FROM {JOBS}")[0][0]
     clause, params = in_("status", list(statuses))
     return fetch(f"SELECT COUNT(*) FROM {JOBS} WHERE {clause}", params)[0][0]
+
+
+def job_info_row(job_id: int) -> tuple[Any, ...] | None:
+    """(id, target, code, key, status, attempts, result, last_error, created_at, started_at,
+    finished_at) of a job, from the hot table or the completed ones, or None."""
+    rows = fetch(
+        f"SELECT id, target, code, key, status, attempts, NULL, last_error, created_at, "
+        f"started_at, closed_at FROM {JOBS} WHERE id = %s UNION ALL "
+        f"SELECT id, target, code, key, %s, attempts, result, '', created_at, started_at, "
+        f"finished_at FROM {DONE_JOBS} WHERE id = %s", [job_id, DONE.value, job_id])
+    return rows[0] if rows else None
+
+
+def done_counts() -> dict[str, int]:
+    """target → completed jobs kept (the table is bounded by the keep counts)."""
+    return dict(fetch(f"SELECT target, COUNT(*) FROM {DONE_JOBS} GROUP BY target"))
+
+
+def dead_counts() -> dict[str, int]:
+    """target → DEAD jobs kept."""
+    return dict(fetch(f"SELECT target, COUNT(*) FROM {JOBS} WHERE status = %s GROUP BY target",
+                      [DEAD.value]))
 
 
 def workers_outages() -> list[tuple[str, int, float]]:

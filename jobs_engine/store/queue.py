@@ -16,15 +16,22 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import IntegrityError, transaction
 
 from jobs_engine import states
 from jobs_engine.job import Job
+from jobs_engine.models import (
+    CompletedJob,
+    JobStat,
+    Partition,
+    TargetPause,
+    VersionCounter,
+    Worker,
+)
 from jobs_engine.models import Job as JobTable
-from jobs_engine.models import JobStat, Partition, TargetPause, VersionCounter, Worker
-from jobs_engine.states import DEAD, DELETED, PENDING, RUNNING, DeliveryMode, Lane
+from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane
 from jobs_engine.store.dialect import (
     clock_sql,
     dt,
@@ -47,7 +54,9 @@ from jobs_engine.text import clean
 __all__ = [
     "CLOSED",
     "COUNTERS",
-    "DONE",
+    "DONE_JOBS",
+    "DONE_KEPT",
+    "DONE_NOT_KEPT",
     "ENQUEUE",
     "JOBS",
     "JOB_STATS",
@@ -64,6 +73,7 @@ __all__ = [
     "TAKEOVER_REASON",
     "WORKERS",
     "ClosedJob",
+    "Done",
     "FastPoll",
     "Guard",
     "NewJob",
@@ -73,7 +83,7 @@ __all__ = [
     "job_release_unchanged",
     "job_retry_later",
     "job_stats_add",
-    "jobs_delete_succeeded",
+    "jobs_done",
     "jobs_fast_due",
     "jobs_fast_poll",
     "jobs_hold_key_until",
@@ -94,6 +104,7 @@ WORKERS = Worker._meta.db_table
 PAUSES = TargetPause._meta.db_table
 COUNTERS = VersionCounter._meta.db_table
 JOB_STATS = JobStat._meta.db_table
+DONE_JOBS = CompletedJob._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
 LAST_ERROR_LIMIT = 2000
@@ -107,8 +118,10 @@ RESCUE_PRESUMED_DEAD = states.transition(RUNNING, to=DEAD)
 RESCUE_RELEASE = states.transition(RUNNING, to=PENDING)
 TAKEOVER_PRESUMED_DEAD = states.transition(PENDING, to=DEAD)
 # Outcomes: from the lane's own status, or from a DEAD its holder's late write replaces.
-DONE = {Lane.FAST: states.transition(PENDING, DEAD, to=DELETED),
-        Lane.LONG: states.transition(RUNNING, DEAD, to=DELETED)}
+DONE_NOT_KEPT = {Lane.FAST: states.transition(PENDING, DEAD, to=DELETED),
+                 Lane.LONG: states.transition(RUNNING, DEAD, to=DELETED)}
+DONE_KEPT = {Lane.FAST: states.transition(PENDING, DEAD, to=DONE),
+             Lane.LONG: states.transition(RUNNING, DEAD, to=DONE)}
 RETRIED = {Lane.FAST: states.transition(PENDING, DEAD, to=PENDING),
            Lane.LONG: states.transition(RUNNING, DEAD, to=PENDING)}
 CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
@@ -445,7 +458,7 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
     expired = dt(now)
     dead = fetch(
         f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
-        "lease_until = NULL, updated_at = %s "
+        "lease_until = NULL, updated_at = %s, attempts = attempts + 1 "
         "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
         "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
         [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired,
@@ -453,7 +466,8 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
     )
     released = execute(
         f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
-        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s "
+        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s, "
+        "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END "
         "WHERE status = %s AND lease_until <= %s",
         [RESCUE_RELEASE.target, expired, *RESCUE_RELEASE.source_values, expired],
     )
@@ -572,14 +586,53 @@ class Guard:
                 "started_at = NULL", [])
 
 
-def jobs_delete_succeeded(guard: Guard, rows: Sequence[tuple[int, int]]) -> int:
-    """Delete rows whose handler returned (one statement for a whole send); ``rows`` are
-    (id, attempts read)."""
-    assert DONE[guard.lane].target is DELETED
-    if not rows:
+class Done(NamedTuple):
+    """A job whose handler returned: (id, attempts read, result as JSON text or None, when
+    its try started, how long it took)."""
+
+    id: int
+    attempts: int
+    result_json: str | None
+    started_at: datetime
+    duration_ms: float
+
+
+def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: bool) -> int:
+    """Record the jobs of one send whose handler returned; returns how many rows matched.
+
+    ``keep`` (the target's policy keeps completed jobs): each row moves to the table of
+    completed jobs as DONE, with its result and one more try counted, in one statement
+    where writable CTEs allow (delete here, append there), else two in the caller's
+    transaction. Otherwise the rows are deleted.
+    """
+    if not done:
         return 0
-    where, params = guard.match(rows)
-    return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
+    where, params = guard.match([(d.id, d.attempts) for d in done])
+    if not keep:
+        assert DONE_NOT_KEPT[guard.lane].target is DELETED
+        return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
+    assert DONE_KEPT[guard.lane].target is DONE
+    results, result_params = table(
+        [(d.id, d.result_json, dt(d.started_at), d.duration_ms) for d in done],
+        ("bigint", "text", "timestamptz", "float8"))
+    columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
+               "payload, headers, trace_id, actor, created_at")
+    appended = (
+        f"INSERT INTO {DONE_JOBS} ({columns}, result, attempts, started_at, finished_at, "
+        f"duration_ms) SELECT {', '.join('m.' + c.strip() for c in columns.split(','))}, "
+        f"{jsonb('r.result')}, m.attempts + 1, COALESCE(m.started_at, r.started_at), %s, "
+        "r.duration_ms FROM {moved} m JOIN r ON r.id = m.id")
+    if writable_ctes():
+        return execute(
+            f"WITH r(id, result, started_at, duration_ms) AS ({results}), "
+            f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *) "
+            + appended.format(moved="moved"), [*result_params, *params, dt(now)])
+    copied = execute(
+        f"WITH r(id, result, started_at, duration_ms) AS ({results}) "
+        + appended.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
+        [*result_params, dt(now), *params])
+    execute(f"DELETE FROM {JOBS} WHERE {where}", params)
+    return copied
 
 
 def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,

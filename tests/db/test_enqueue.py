@@ -38,6 +38,7 @@ from jobs_engine import (
     enqueueing,
     next_version,
     store,
+    text,
 )
 from jobs_engine.conf import JobsSettings
 from jobs_engine.context import RequestContextMiddleware, job_context
@@ -661,10 +662,10 @@ def nested(depth: int, inner: Any = 1) -> Any:
 
 
 DEEP_ITEMS: list[tuple[str, Callable[[], dict[str, Any]], str]] = [
-    ("payload-one-too-deep", lambda: {"payload": nested(enqueueing.MAX_PAYLOAD_DEPTH + 1)},
+    ("payload-one-too-deep", lambda: {"payload": nested(text.MAX_PAYLOAD_DEPTH + 1)},
      "payload"),
     ("payload-100000-deep", lambda: {"payload": nested(100_000)}, "payload"),
-    ("headers-too-deep", lambda: {"headers": {"h": nested(enqueueing.MAX_PAYLOAD_DEPTH)}},
+    ("headers-too-deep", lambda: {"headers": {"h": nested(text.MAX_PAYLOAD_DEPTH)}},
      "headers"),
 ]
 
@@ -748,11 +749,11 @@ def test_text_checks_agree_with_the_value(value: Any) -> None:
     """The checks read the JSON text (fast); they must say what the value itself says, for
     strings full of escapes and brackets. A limit of 3 makes too-deep values common."""
     texts = list(_strings(value))
-    with mock.patch.object(enqueueing, "MAX_PAYLOAD_DEPTH", 3):
+    with mock.patch.object(text, "MAX_PAYLOAD_DEPTH", 3):
         if any("\ud800" in t for t in texts):
-            expected: str | None = enqueueing._SURROGATE
+            expected: str | None = text.SURROGATE_PROBLEM
         elif any("\x00" in t for t in texts):
-            expected = enqueueing._NUL
+            expected = text.NUL_PROBLEM
         elif _depth(value) > 3:
             expected = "is nested more than MAX_PAYLOAD_DEPTH (3) deep"
         else:
@@ -777,7 +778,7 @@ GOOD_PAYLOAD: dict[str, Any] = {
     "escaped twice": "\\\\u0000",
     "controls": "\x01\x1f\x7f\u2028",
     "wide": [{"i": i, "l": [i]} for i in range(200)],
-    "deepest": nested(enqueueing.MAX_PAYLOAD_DEPTH - 1),
+    "deepest": nested(text.MAX_PAYLOAD_DEPTH - 1),
 }
 
 

@@ -23,7 +23,7 @@ from jobs_engine.job import Job as HandlerJob
 from jobs_engine.lanes import outcomes
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.lanes.retention import DeadPruner, prune_dead
+from jobs_engine.lanes.retention import RetentionService
 from jobs_engine.lanes.worker import WorkerProcess
 from jobs_engine.models import Job, JobStat
 from jobs_engine.operators import metrics
@@ -141,28 +141,29 @@ def test_prune_removes_only_dead_rows_older_than_the_ttl(targets: Any, now: date
     running = make_job("st.prune", status=JobStatus.RUNNING,
                        lease_until=now - timedelta(days=40))
 
-    assert prune_dead(now, settings, batch=2) == 3  # several batches in one run
+    retention = RetentionService(settings, batch=2)
+    assert retention.run_once(now).failed == 3  # several batches in one run
 
     remaining = set(Job.objects.values_list("id", flat=True))
     assert remaining == {young.id, pending.id, running.id}
     assert not remaining & {job.id for job in old}
 
 
-def test_pruner_runs_at_most_once_an_hour(targets: Any, now: datetime,
-                                          jobs_settings: Any) -> None:
-    settings = jobs_settings(DEAD_TTL_DAYS=7)
+def test_retention_runs_at_most_once_per_retention_s(targets: Any, now: datetime,
+                                                     jobs_settings: Any) -> None:
+    settings = jobs_settings(DEAD_TTL_DAYS=7, RETENTION_S=60)
     targets("st.pruner")
     clock = FakeMonotonic()
-    pruner = DeadPruner(settings, monotonic=clock)
+    retention = RetentionService(settings, monotonic=clock)
     make_job("st.pruner", status=JobStatus.DEAD, closed_at=now - timedelta(days=8))
 
-    assert pruner.maybe_run(now) == 1
+    assert retention.maybe_run(now).failed == 1  # type: ignore[union-attr]
     make_job("st.pruner", status=JobStatus.DEAD, closed_at=now - timedelta(days=8))
-    clock.advance(3599)
-    assert pruner.maybe_run(now) is None
+    clock.advance(59)
+    assert retention.maybe_run(now) is None
     assert Job.objects.count() == 1
     clock.advance(1)
-    assert pruner.maybe_run(now) == 1
+    assert retention.maybe_run(now).failed == 1  # type: ignore[union-attr]
     assert Job.objects.count() == 0
 
 
