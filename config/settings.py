@@ -25,6 +25,8 @@ from urllib.parse import unquote, urlparse
 
 from django.core.exceptions import ImproperlyConfigured
 
+from jobs_engine import DEFAULT_POLICY
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 # Published in this repository: fine for a laptop, refused with DEBUG off.
@@ -155,6 +157,10 @@ JOBS: dict = {
         "BOOTSTRAP_SERVERS": os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:19092"),
         "ENABLED": os.environ.get("KAFKA_ENABLED", "on"),
         "EXTRA_TOPICS": [f"{DEMO_ORDERS_TOPIC}:at_least_once"],
+        # Order events: a send that failed is retried (1 s, then 2 s), the last 100 sent
+        # are kept for the admin. A topic whose events are not worth keeping once sent
+        # would set JobPolicy(keep_completed=0).
+        "POLICIES": {DEMO_ORDERS_TOPIC: DEFAULT_POLICY},
     },
 }
 

@@ -44,6 +44,18 @@ class JobPolicy:
         """The wait after try number ``tries`` failed: ``backoff_s``, doubled each time."""
         return float(self.backoff_s) * 2 ** (tries - 1)
 
+    def __str__(self) -> str:
+        """What an operator reads on the admin pages: the tries, the waits between them,
+        and what is kept."""
+        if self.attempts == 1:
+            tries = "1 attempt (run once)"
+        else:
+            waits = ", ".join(f"{self.delay_s(n):g} s" for n in range(1, self.attempts)
+                              if n <= 3)
+            more = ", …" if self.attempts > 4 else ""
+            tries = f"{self.attempts} attempts, waits {waits}{more}"
+        return f"{tries}; keeps {self.keep_completed} completed, {self.keep_failed} failed"
+
 
 def _whole(knob: str, value: object, *, least: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:

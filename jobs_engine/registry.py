@@ -120,12 +120,12 @@ def _policy(policy: JobPolicy | None, max_attempts: int | None,
             retry_delays: Sequence[float] | None) -> JobPolicy:
     """The target's policy; the deprecated ``max_attempts``/``retry_delays`` build one."""
     if policy is not None and not isinstance(policy, JobPolicy):
-        raise InvalidJob("policy", f"must be a JobPolicy, got {type(policy).__name__}")
+        raise InvalidPolicy("policy", f"must be a JobPolicy, got {type(policy).__name__}")
     if max_attempts is None and retry_delays is None:
         return policy or DEFAULT_POLICY
     if policy is not None:
-        raise InvalidJob("policy", "give a policy, or the deprecated max_attempts / "
-                                   "retry_delays, not both")
+        raise InvalidPolicy("policy", "give a policy, or the deprecated max_attempts / "
+                                      "retry_delays, not both")
     warnings.warn("register_target(max_attempts=..., retry_delays=...) is deprecated: give "
                   "policy=JobPolicy(attempts=..., backoff_s=...)", DeprecationWarning,
                   stacklevel=3)

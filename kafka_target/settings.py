@@ -8,8 +8,13 @@ JOBS = {"KAFKA": {
     "EXTRA_TOPICS": ["audit", "billing:at_least_once"], # or "audit,billing:at_least_once"
     "CLIENT": {"compression.type": "lz4"},              # extra librdkafka producer config
     "BATCH_SIZE": 1000,                                 # records per send (one poll)
+    "POLICIES": {"billing": RUN_ONCE_POLICY},           # topic -> JobPolicy (DEFAULT_POLICY)
 }}
 ```
+
+A topic's ``JobPolicy`` (``from jobs_engine import JobPolicy``: importable in a settings
+module) sets its retries and how many of its sent jobs are kept; a topic whose events are
+not worth keeping once sent sets ``keep_completed=0`` and pays nothing for it.
 
 ``BOOTSTRAP_SERVERS``, ``ENABLED``, ``EXTRA_TOPICS`` and ``BATCH_SIZE`` may be overridden by
 the environment (``JOBS_KAFKA_<KEY>``), so an operator can point a pod at another cluster or
@@ -29,16 +34,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from jobs_engine.errors import InvalidSettings
+from jobs_engine.policies import DEFAULT_POLICY, JobPolicy
 from jobs_engine.states import DeliveryMode
 
 TARGET_PREFIX = "kafka:"
 SETTING = "JOBS['KAFKA']"
 KNOWN_KEYS = ("BOOTSTRAP_SERVERS", "ENABLED", "TOPIC_OVERRIDES", "EXTRA_TOPICS", "CLIENT",
-              "BATCH_SIZE")
+              "BATCH_SIZE", "POLICIES")
 ENV_KEYS = ("BOOTSTRAP_SERVERS", "ENABLED", "EXTRA_TOPICS", "BATCH_SIZE")
 DEFAULT_BATCH_SIZE = 1000
 # A send must fit the client's queue (librdkafka queue.buffering.max.messages: 100,000).
@@ -92,6 +98,7 @@ DEFAULT_CLIENT: dict[str, Any] = {
 class TopicSpec:
     topic: str
     delivery_mode: DeliveryMode = DeliveryMode.AT_MOST_ONCE
+    policy: JobPolicy = DEFAULT_POLICY
 
     @property
     def target(self) -> str:
@@ -205,6 +212,19 @@ def _extra_topics(value: Any) -> tuple[TopicSpec, ...]:
     return tuple(specs.values())
 
 
+def _with_policies(specs: tuple[TopicSpec, ...], value: Any) -> tuple[TopicSpec, ...]:
+    where = f"{SETTING}['POLICIES']"
+    if not isinstance(value, Mapping):
+        raise InvalidSettings(f"{where} must be a mapping of topic to JobPolicy, got {value!r}")
+    topics = {spec.topic for spec in specs}
+    for topic, policy in value.items():
+        if topic not in topics:
+            raise InvalidSettings(f"{where}: topic {topic!r} is not in EXTRA_TOPICS")
+        if not isinstance(policy, JobPolicy):
+            raise InvalidSettings(f"{where}[{topic!r}] must be a JobPolicy, got {policy!r}")
+    return tuple(replace(spec, policy=value.get(spec.topic, spec.policy)) for spec in specs)
+
+
 def _overrides(value: Any) -> dict[str, str]:
     where = f"{SETTING}['TOPIC_OVERRIDES']"
     if not isinstance(value, Mapping):
@@ -266,7 +286,8 @@ def parse_kafka_settings(raw: Any, environ: Mapping[str, str] | None = None) -> 
         bootstrap_servers=_bootstrap(given.get("BOOTSTRAP_SERVERS", ())),
         enabled=_bool(given.get("ENABLED", True), f"{SETTING}['ENABLED']"),
         topic_overrides=_overrides(given.get("TOPIC_OVERRIDES", {})),
-        extra_topics=_extra_topics(given.get("EXTRA_TOPICS", ())),
+        extra_topics=_with_policies(_extra_topics(given.get("EXTRA_TOPICS", ())),
+                                    given.get("POLICIES", {})),
         client=_client(given.get("CLIENT", {})),
         batch_size=_batch_size(given.get("BATCH_SIZE", DEFAULT_BATCH_SIZE)),
     )

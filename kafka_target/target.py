@@ -252,8 +252,8 @@ def register_topic(spec: TopicSpec, settings: KafkaSettings) -> Target:
     """Register ``kafka:<topic>`` on the fast lane with both handlers."""
     kafka = KafkaTarget(spec, settings)
     target = register_target(spec.target, kafka.handler, lane=Lane.FAST,
-                             delivery_mode=spec.delivery_mode, batch_handler=kafka.send,
-                             batch_size=settings.batch_size)
+                             delivery_mode=spec.delivery_mode, policy=spec.policy,
+                             batch_handler=kafka.send, batch_size=settings.batch_size)
     target.extra["kafka"] = kafka
     return target
 

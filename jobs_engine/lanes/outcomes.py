@@ -11,7 +11,7 @@ use.
 from __future__ import annotations
 
 import logging
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable, UnknownTarget
+from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.registry import Target, policy_for
@@ -79,11 +79,11 @@ def judge(job: Job, target: Target | None, exc: BaseException | None, now: datet
     """Map a handler's result to an outcome (docs/design.md#outcomes), under the target's
     policy. A try spends an attempt whatever its result, except when nothing reached the
     target (unreachable) or there was no handler to try."""
+    if target is None:  # this worker has no handler for it (the lanes pass UnknownTarget)
+        return Outcome.dead(f"no handler registered for {job.target}")
     if exc is None:
         return _OK
     error = describe(exc)
-    if target is None or isinstance(exc, UnknownTarget):
-        return Outcome.dead(f"no handler registered for {job.target}")
     if isinstance(exc, DeadNow):
         return Outcome.dead(error, spend_attempt=True)
     if isinstance(exc, TargetOutcomeUnknown):
@@ -126,16 +126,18 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     admin changed it): the result is reported as ``lost`` and nothing else happens.
     """
     written: list[RunResult] = []
-    done: dict[bool, list[RunResult]] = {True: [], False: []}  # by "kept by the policy"
+    # Completed jobs: those of targets that keep none in one statement, the others per
+    # target (each keeps its own newest ``keep_completed``).
+    done: dict[str | None, list[RunResult]] = defaultdict(list)
     others: list[RunResult] = []
     for result in results:
         if result.outcome.kind is OutcomeKind.OK:
-            done[policy_for(result.job.target).keep_completed > 0].append(result)
+            keeps = policy_for(result.job.target).keep_completed > 0
+            done[result.job.target if keeps else None].append(result)
         else:
             others.append(result)
-    for keep, group in done.items():
-        if not group:
-            continue
+    for target, group in done.items():
+        keep = 0 if target is None else policy_for(target).keep_completed
         matched = store.jobs_done(guard, [
             store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
                        now - timedelta(milliseconds=r.duration_ms), r.duration_ms)

@@ -1,6 +1,7 @@
 """The operators' admin: jobs (filters, exact key search, detail, retry/skip/cancel),
-partitions and workers (who owns what, lease age, live or not), paused targets (resume),
-hourly statistics (a 48-hour chart) and the audit trail.
+completed jobs kept by their target's policy (with results), the registered targets and
+their policies, partitions and workers (who owns what, lease age, live or not), paused
+targets (resume), hourly statistics (a 48-hour chart) and the audit trail.
 
 Rows are never edited here: every action calls ``jobs_engine.operators.actions``, which
 guards the change on the row's state and writes the audit record. What the pages share
@@ -19,15 +20,25 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 
 from jobs_engine import registry, store
 from jobs_engine.conf import jobs_settings
-from jobs_engine.errors import JobNotFound, OperationRefused
-from jobs_engine.models import AuditRecord, Job, JobStat, Partition, TargetPause, Worker
+from jobs_engine.errors import JobNotFound, OperationRefused, UnknownTarget
+from jobs_engine.models import (
+    AuditRecord,
+    CompletedJob,
+    Job,
+    JobStat,
+    Partition,
+    RegisteredTarget,
+    TargetPause,
+    Worker,
+)
 from jobs_engine.operators import actions
 from jobs_engine.operators.admin_base import (
     BULK_LIMIT,
@@ -39,6 +50,7 @@ from jobs_engine.operators.admin_base import (
     pretty_json,
     run_bulk,
 )
+from jobs_engine.policies import DEFAULT_POLICY, RUN_ONCE_POLICY
 from jobs_engine.states import JobStatus, Lane
 
 # -- job list filters (none of them reads the table to build its choices) ------------------
@@ -86,11 +98,28 @@ class ChoiceFilter(admin.SimpleListFilter):
 
 
 class StatusFilter(ChoiceFilter):
+    """Every status; DONE rows live in their own table, so choosing DONE opens the
+    completed jobs' list (``JobAdmin.changelist_view``) and the other statuses open the
+    jobs' list from there (``CompletedJobAdmin.changelist_view``)."""
+
     title = "status"
     parameter_name = field = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return list(JobStatus.choices)
+
+
+class CompletedStatusFilter(StatusFilter):
+    """The status filter of the completed jobs' list: DONE, always selected (another
+    status opens the jobs' list; a value that is no status lists nothing)."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        return queryset if self.value() in (None, JobStatus.DONE) else queryset.none()
+
+    def choices(self, changelist: ChangeList) -> Iterator[dict[str, Any]]:
+        for value, label in self.lookup_choices:
+            yield {"selected": value == JobStatus.DONE, "display": label,
+                   "query_string": changelist.get_query_string({self.parameter_name: value})}
 
 
 class LaneFilter(ChoiceFilter):
@@ -114,6 +143,16 @@ class TargetFilter(ChoiceFilter):
         return [(name, name) for name in sorted(names)]
 
 
+def other_list(request: HttpRequest, model: str, drop: tuple[str, ...] = ()) -> HttpResponse:
+    """The same filters (target, lane, code, key, search) on the list of ``model``."""
+    query = request.GET.copy()
+    for name in list(query):
+        if name not in ("status", "target", "lane", "code", "key", "q") or name in drop:
+            del query[name]
+    url = reverse(f"admin:jobs_engine_{model}_changelist")
+    return HttpResponseRedirect(f"{url}?{query.urlencode()}" if query else url)
+
+
 class JobChangeList(EngineChangeList):
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         # The list never shows the big columns: do not read them.
@@ -130,36 +169,17 @@ def _bulk_jobs(modeladmin: ManagedAdmin, request: HttpRequest, queryset: QuerySe
     run_bulk(modeladmin, request, ids, verb, "job", action)
 
 
-@admin.register(Job)
-class JobAdmin(ManagedAdmin):
-    list_display = ("id", "status", "lane", "target", "code", "key", "version", "attempts",
-                    "next_run_at", "closed_at")
-    list_filter = (StatusFilter, LaneFilter, TargetFilter, CodeFilter, KeyFilter)
+class JobRowAdmin(ManagedAdmin):
+    """What the pages of waiting, running and DEAD jobs and of completed ones share: exact
+    search, the private texts, and the policy of the row's target."""
+
     search_fields = ("key__exact", "dedupe_key__exact")
     search_help_text = "Exact key or dedupe key."
     ordering = ("-id",)
     sortable_by = ("id",)  # sorting a million rows by another column is a full sort
-    actions = ("retry_selected", "skip_selected", "cancel_selected")
-    change_form_template = "admin/jobs_engine/job/change_form.html"
-    fieldsets = (
-        (None, {"fields": ("id", "status", "target", "code", "lane", "key", "version",
-                           "partition", "dedupe_key", "delivery_mode")}),
-        ("Run", {"fields": ("attempts", "next_run_at", "last_error_text", "closed_at",
-                            "created_at", "updated_at")}),
-        ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
-        ("Claim", {"fields": ("claimed_by", "claim_token", "lease_until", "started_at",
-                              "running_code", "outcome_token")}),
-    )
-    readonly_fields = ("last_error_text", "payload_json", "headers_json", "actor_json")
-    private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
-               "last_error": "last_error_text"}
     payload_hidden = hidden("payload")
     headers_hidden = hidden("headers")
     actor_hidden = hidden("actor")
-    last_error_hidden = hidden("last error")
-
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return JobChangeList
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
                            ) -> tuple[QuerySet, bool]:
@@ -170,16 +190,75 @@ class JobAdmin(ManagedAdmin):
         return queryset.filter(Q(key=term) | Q(dedupe_key=term)), False
 
     @admin.display(description="payload")
-    def payload_json(self, obj: Job) -> str:
+    def payload_json(self, obj: Job | CompletedJob) -> str:
         return pretty_json(obj.payload)
 
     @admin.display(description="headers")
-    def headers_json(self, obj: Job) -> str:
+    def headers_json(self, obj: Job | CompletedJob) -> str:
         return pretty_json(obj.headers)
 
     @admin.display(description="actor")
-    def actor_json(self, obj: Job) -> str:
+    def actor_json(self, obj: Job | CompletedJob) -> str:
         return pretty_json(obj.actor)
+
+    @admin.display(description="policy of its target")
+    def policy(self, obj: Job | CompletedJob) -> str:
+        return policy_text(obj.target)
+
+
+def policy_text(target: str) -> str:
+    """The policy the workers apply to ``target`` (as this process registered it)."""
+    try:
+        policy = registry.get_target(target).policy
+    except UnknownTarget:
+        return "not registered in this process: a worker without its handler makes its " \
+               "jobs DEAD (no handler registered)"
+    name = SHIPPED_POLICIES.get(policy)
+    return f"{name}: {policy}" if name else str(policy)
+
+
+SHIPPED_POLICIES = {DEFAULT_POLICY: "DEFAULT_POLICY", RUN_ONCE_POLICY: "RUN_ONCE_POLICY"}
+
+
+@admin.register(Job)
+class JobAdmin(JobRowAdmin):
+    list_display = ("id", "status", "lane", "target", "code", "key", "version", "attempts",
+                    "next_run_at", "closed_at")
+    list_filter = (StatusFilter, LaneFilter, TargetFilter, CodeFilter, KeyFilter)
+    actions = ("retry_selected", "skip_selected", "cancel_selected")
+    change_form_template = "admin/jobs_engine/job/change_form.html"
+    fieldsets = (
+        (None, {"fields": ("id", "status", "target", "policy", "code", "lane", "key",
+                           "version", "partition", "dedupe_key", "delivery_mode")}),
+        ("Run", {"fields": ("attempts", "next_run_at", "last_error_text", "closed_at",
+                            "created_at", "updated_at")}),
+        ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
+        ("Claim", {"fields": ("claimed_by", "claim_token", "lease_until", "started_at",
+                              "running_code", "outcome_token")}),
+    )
+    readonly_fields = ("policy", "last_error_text", "payload_json", "headers_json",
+                       "actor_json")
+    private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
+               "last_error": "last_error_text"}
+    last_error_hidden = hidden("last error")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        if request.method == "GET" and request.GET.get("status") == JobStatus.DONE:
+            return other_list(request, "completedjob", drop=("status",))
+        return super().changelist_view(request, extra_context)
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """A job that completed since its link was made is on the completed jobs' page."""
+        if self.names_a_row(object_id) and not Job.objects.filter(pk=object_id).exists() \
+                and CompletedJob.objects.filter(pk=object_id).exists():
+            return HttpResponseRedirect(
+                reverse("admin:jobs_engine_completedjob_change", args=[object_id]))
+        return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="last error")
     def last_error_text(self, obj: Job) -> str:
@@ -237,6 +316,94 @@ class JobAdmin(ManagedAdmin):
                            **kwargs: Any) -> HttpResponse:
         context["can_manage"] = can_manage(request)
         return super().render_change_form(request, context, *args, **kwargs)
+
+
+# -- completed jobs and targets -------------------------------------------------------------
+
+
+@admin.register(CompletedJob)
+class CompletedJobAdmin(JobRowAdmin):
+    """DONE jobs of targets whose policy keeps them (``keep_completed``), newest first."""
+
+    list_display = ("id", "status", "lane", "target", "code", "key", "version", "attempts",
+                    "duration", "finished_at")
+    list_filter = (CompletedStatusFilter, LaneFilter, TargetFilter, CodeFilter, KeyFilter)
+    fieldsets = (
+        (None, {"fields": ("id", "status", "target", "policy", "code", "lane", "key",
+                           "version", "partition", "dedupe_key", "delivery_mode")}),
+        ("Run", {"fields": ("attempts", "created_at", "started_at", "finished_at",
+                            "duration")}),
+        ("Result", {"fields": ("result_json",)}),
+        ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
+    )
+    readonly_fields = ("status", "policy", "duration", "result_json", "payload_json",
+                       "headers_json", "actor_json")
+    private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
+               "result": "result_json"}
+    result_hidden = hidden("result")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return CompletedJobChangeList
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        status = request.GET.get("status")
+        if request.method == "GET" and status in JobStatus.values and status != JobStatus.DONE:
+            return other_list(request, "job")
+        return super().changelist_view(request, extra_context)
+
+    @admin.display(description="status")
+    def status(self, obj: CompletedJob) -> str:
+        return obj.status
+
+    @admin.display(description="duration")
+    def duration(self, obj: CompletedJob) -> str:
+        return f"{obj.duration_ms:.0f} ms"
+
+    @admin.display(description="result")
+    def result_json(self, obj: CompletedJob) -> str:
+        return pretty_json(obj.result)
+
+
+class CompletedJobChangeList(EngineChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        # The list never shows the big columns: do not read them.
+        return super().get_queryset(request, exclude_parameters).defer(
+            "payload", "headers", "result", "actor")
+
+
+def target_rows() -> list[dict[str, Any]]:
+    """Each registered target with its lane, delivery mode, policy and the jobs kept; then
+    names with kept jobs that no target of this process registers."""
+    done, dead = store.done_counts(), store.dead_counts()
+    rows = [{"name": t.name, "lane": t.lane.value, "delivery_mode": t.delivery_mode.value,
+             "policy": t.policy, "policy_name": SHIPPED_POLICIES.get(t.policy, ""),
+             "done": done.get(t.name, 0), "dead": dead.get(t.name, 0), "registered": True}
+            for t in sorted(registry.all_targets(), key=lambda t: t.name)]
+    known = {row["name"] for row in rows}
+    rows += [{"name": name, "done": done.get(name, 0), "dead": dead.get(name, 0),
+              "registered": False} for name in sorted((done.keys() | dead.keys()) - known)]
+    return rows
+
+
+@admin.register(RegisteredTarget)
+class RegisteredTargetAdmin(ManagedAdmin):
+    """The targets this process registers and their policies: read from the registry,
+    not from a table, so the page shows what the code declares."""
+
+    def get_urls(self) -> list[URLPattern]:
+        return [path("", self.admin_site.admin_view(require_GET(self.changelist_view)),
+                     name="jobs_engine_registeredtarget_changelist")]
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+                        ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta,
+                   "title": "Targets and their policies", "rows": target_rows(),
+                   **(extra_context or {})}
+        return TemplateResponse(request, "admin/jobs_engine/registeredtarget/change_list.html",
+                                context)
 
 
 # -- partitions, workers, paused targets ---------------------------------------------------

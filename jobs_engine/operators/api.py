@@ -42,10 +42,11 @@ from ninja.utils import check_csrf
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, model_validator
 
 from jobs_engine.errors import JobNotFound, OperationRefused
-from jobs_engine.models import MANAGE_PERMISSION, Job
+from jobs_engine.models import MANAGE_PERMISSION, CompletedJob, Job
 from jobs_engine.operators import actions
 from jobs_engine.operators.actions import MAX_JOB_ID
 from jobs_engine.operators.queries import capped_count
+from jobs_engine.states import JobStatus
 
 logger = logging.getLogger("jobs_engine")
 
@@ -325,9 +326,9 @@ class JobOut(Schema):
     dedupe_key: str
     status: str
     delivery_mode: str
-    attempts: int
-    next_run_at: datetime
-    closed_at: datetime | None
+    attempts: int = Field(description="Tries made, in the sense of the policy's attempts.")
+    next_run_at: datetime | None = Field(description="When it is due; null once DONE.")
+    closed_at: datetime | None = Field(description="When it went DEAD or DONE.")
     claimed_by: str | None
     lease_until: datetime | None
     started_at: datetime | None
@@ -344,6 +345,18 @@ class JobDetail(JobOut):
     headers: dict[str, Any]
     last_error: str
     actor: dict[str, Any] | None = None
+    result: Any = Field(None, description="What the handler returned (DONE jobs).")
+    duration_ms: float | None = Field(None, description="How long the try that completed "
+                                                        "it ran (DONE jobs).")
+
+
+def completed_as_job(row: CompletedJob, schema: type[Schema]) -> dict[str, Any]:
+    """A completed job in the shape of ``schema``: DONE, closed when it finished, due
+    never again, held by nobody."""
+    fields = {name: getattr(row, name) for name in schema.model_fields if hasattr(row, name)}
+    return {**fields, "status": JobStatus.DONE.value, "next_run_at": None,
+            "closed_at": row.finished_at, "claimed_by": None, "lease_until": None,
+            "updated_at": row.finished_at, "last_error": ""}
 
 
 class JobPage(Schema):
@@ -392,26 +405,36 @@ jobs = Router(tags=["jobs"])
 @jobs.get("", response={200: JobPage, **errors(400)}, summary="List jobs (no payload)")
 def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any]:
     """Newest first. ``total`` is counted up to a cap so a list stays fast on a million
-    rows; unknown query parameters are refused, not ignored."""
-    queryset = Job.objects.all()
+    rows; unknown query parameters are refused, not ignored. ``status=DONE`` lists the
+    completed jobs kept by their targets' policies."""
+    done = filters.status == JobStatus.DONE
+    queryset = (CompletedJob if done else Job).objects.all()
     for name in FILTERS:
         value = getattr(filters, name)
-        if value is not None:
+        if value is not None and not (done and name == "status"):
             queryset = queryset.filter(**{name: value})
     total, capped = capped_count(queryset)
     start = (filters.page - 1) * filters.limit
-    rows = list(queryset.order_by("-id").values(*LIST_FIELDS)[start:start + filters.limit])
+    page = queryset.order_by("-id")[start:start + filters.limit]
+    rows = [completed_as_job(row, JobOut)
+            for row in page.defer("payload", "headers", "result", "actor")] \
+        if done else list(page.values(*LIST_FIELDS))
     return {"data": rows, "total": total, "total_capped": capped, "page": filters.page,
             "limit": filters.limit}
 
 
 @jobs.get("/{job_id}", response={200: JobDetail, **errors(404)},
-          summary="One job with its payload, headers and last error")
-def get_job(request: HttpRequest, job_id: JobId) -> Job:
+          summary="One job with its payload, headers, last error and result")
+def get_job(request: HttpRequest, job_id: JobId) -> Job | dict[str, Any]:
+    """Waiting, running, DEAD, or DONE and kept by its target's policy (with its
+    ``result``); a job not kept is 404."""
     job = Job.objects.filter(id=job_id).first()
-    if job is None:
+    if job is not None:
+        return job
+    completed = CompletedJob.objects.filter(id=job_id).first()
+    if completed is None:
         raise JobNotFound(job_id)
-    return job
+    return completed_as_job(completed, JobDetail)
 
 
 @jobs.post("/{job_id}/retry", response={200: JobOut, **errors(404, 409, 413)},

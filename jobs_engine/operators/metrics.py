@@ -2,8 +2,8 @@
 
 Read from the database at each scrape, so every worker and web pod reports the same
 cluster-wide numbers: backlog per lane, how overdue the oldest due row is, DEAD and
-RUNNING rows, live workers, paused targets, and runs per target and outcome from the
-hourly statistics (summed over the hours kept).
+RUNNING rows, completed jobs kept per target, live workers, paused targets, and runs per
+target and outcome from the hourly statistics (summed over the hours kept).
 
 Counts only, never payloads; still, they tell an outsider how busy the system is and which
 targets exist, so the page is closed by default: a scraper sends
@@ -54,9 +54,15 @@ class JobsCollector:
             overdue.add_metric([lane.value], max(age, 0.0))
         yield backlog
         yield overdue
-        yield GaugeMetricFamily("jobs_dead", "DEAD job rows (kept until retried, skipped or "
-                                "pruned after DEAD_TTL_DAYS).",
+        yield GaugeMetricFamily("jobs_dead", "DEAD job rows (kept until retried or skipped, "
+                                "the newest keep_failed per target, at most DEAD_TTL_DAYS).",
                                 value=store.jobs_count([JobStatus.DEAD.value]))
+        done = GaugeMetricFamily("jobs_done", "Completed (DONE) jobs kept, by target (each "
+                                 "target's policy keeps its newest keep_completed).",
+                                 labels=["target"])
+        for target, count in sorted(store.done_counts().items()):
+            done.add_metric([target], count)
+        yield done
         yield GaugeMetricFamily("jobs_running", "Long-lane rows RUNNING now.",
                                 value=store.jobs_count([JobStatus.RUNNING.value]))
         live = store.workers_live(now, jobs_settings().PARTITION_LEASE_S)

@@ -157,8 +157,10 @@ def jobs_release_key_held_by(removed: RemovedJob, now: datetime) -> int:
 
 
 def job_state(job_id: int) -> JobState | None:
+    """The row's state, from the hot table or, for a completed job, the kept ones."""
     rows = fetch(f"SELECT status, lane, started_at IS NOT NULL, {_in_flight()} "
-                 f"FROM {JOBS} WHERE id = %s", [job_id])
+                 f"FROM {JOBS} WHERE id = %s UNION ALL SELECT %s, lane, TRUE, FALSE "
+                 f"FROM {DONE_JOBS} WHERE id = %s", [job_id, DONE.value, job_id])
     if not rows:
         return None
     status, lane, started, in_flight = rows[0]

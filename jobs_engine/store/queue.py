@@ -597,42 +597,44 @@ class Done(NamedTuple):
     duration_ms: float
 
 
-def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: bool) -> int:
+def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -> int:
     """Record the jobs of one send whose handler returned; returns how many rows matched.
 
-    ``keep`` (the target's policy keeps completed jobs): each row moves to the table of
-    completed jobs as DONE, with its result and one more try counted, in one statement
-    where writable CTEs allow (delete here, append there), else two in the caller's
-    transaction. Otherwise the rows are deleted.
+    ``keep``: the target's ``keep_completed`` (0 for rows of targets that keep none). The
+    newest ``keep`` of the send move to the table of completed jobs as DONE, with their
+    result and one more try counted, in one statement where writable CTEs allow (delete
+    here, append there), else two in the caller's transaction; the rest are deleted (the
+    retention service would remove them next anyway: a send never copies more rows than
+    its target keeps).
     """
     if not done:
         return 0
     where, params = guard.match([(d.id, d.attempts) for d in done])
-    if not keep:
+    kept = sorted(done, key=lambda d: d.id, reverse=True)[:keep]
+    if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
     results, result_params = table(
-        [(d.id, d.result_json, dt(d.started_at), d.duration_ms) for d in done],
+        [(d.id, d.result_json, dt(d.started_at), d.duration_ms) for d in kept],
         ("bigint", "text", "timestamptz", "float8"))
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
                "payload, headers, trace_id, actor, created_at")
-    appended = (
+    append = (
         f"INSERT INTO {DONE_JOBS} ({columns}, result, attempts, started_at, finished_at, "
         f"duration_ms) SELECT {', '.join('m.' + c.strip() for c in columns.split(','))}, "
         f"{jsonb('r.result')}, m.attempts + 1, COALESCE(m.started_at, r.started_at), %s, "
         "r.duration_ms FROM {moved} m JOIN r ON r.id = m.id")
     if writable_ctes():
-        return execute(
+        return fetch(
             f"WITH r(id, result, started_at, duration_ms) AS ({results}), "
-            f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *) "
-            + appended.format(moved="moved"), [*result_params, *params, dt(now)])
-    copied = execute(
-        f"WITH r(id, result, started_at, duration_ms) AS ({results}) "
-        + appended.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
-        [*result_params, dt(now), *params])
-    execute(f"DELETE FROM {JOBS} WHERE {where}", params)
-    return copied
+            f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
+            f"appended AS ({append.format(moved='moved')} RETURNING 1) "
+            "SELECT COUNT(*) FROM moved", [*result_params, *params, dt(now)])[0][0]
+    execute(f"WITH r(id, result, started_at, duration_ms) AS ({results}) "
+            + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
+            [*result_params, dt(now), *params])
+    return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
 
 
 def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from jobs_engine.models import (
     AuditRecord,
+    CompletedJob,
     Job,
     JobStat,
     Partition,
@@ -54,6 +55,7 @@ class Rows:
     job: Job  # DEAD, every private field holds SECRET
     dead: Job  # DEAD, for skip
     pending: Job  # for cancel
+    completed: CompletedJob  # DONE, every private field (the result too) holds SECRET
     pause: TargetPause
     partition: Partition
     worker: Worker
@@ -71,6 +73,12 @@ def rows(targets: Any) -> Iterator[Rows]:
                    actor={"user": f"{SECRET}-actor"})
     dead = make_job("access.t", status=JobStatus.DEAD)
     pending = make_job("access.t")
+    completed = CompletedJob.objects.create(
+        id=pending.id + 1000, target="access.t", lane="fast", code="access.t",
+        dedupe_key="access-done", delivery_mode="at_most_once",
+        payload={"mail": f"{SECRET}-payload"}, headers={"h": f"{SECRET}-headers"},
+        actor={"user": f"{SECRET}-actor"}, result={"r": f"{SECRET}-result"}, attempts=1,
+        created_at=now, started_at=now, finished_at=now, duration_ms=3.0)
     pause = TargetPause.objects.create(target="access.t", reason=f"{SECRET}-reason",
                                        paused_until=now + timedelta(minutes=5), paused_at=now)
     partition = Partition.objects.create(partition=0, owner="w-1:1:a",
@@ -81,7 +89,7 @@ def rows(targets: Any) -> Iterator[Rows]:
                                   target="access.t", outcome="ok", count=3)
     record = audit(None, "retry", "job", job.id, ok=True)
     with declared_schedule("access_sched") as schedule:
-        yield Rows(job, dead, pending, pause, partition, worker, stat, record, schedule)
+        yield Rows(job, dead, pending, completed, pause, partition, worker, stat, record, schedule)
 
 
 def viewer() -> User:
@@ -103,6 +111,7 @@ def client_of(kind: str) -> Client:
 
 MODELS: dict[str, Callable[[Rows], Any]] = {
     "jobs_engine_job": lambda r: r.job.pk,
+    "jobs_engine_completedjob": lambda r: r.completed.pk,
     "jobs_engine_targetpause": lambda r: r.pause.pk,
     "jobs_engine_partition": lambda r: r.partition.pk,
     "jobs_engine_worker": lambda r: r.worker.pk,
@@ -112,9 +121,11 @@ MODELS: dict[str, Callable[[Rows], Any]] = {
 }
 # Where a manager finds the private text.
 SHOWN = {("jobs_engine_job", "change"): ["payload", "headers", "actor", "error"],
+         ("jobs_engine_completedjob", "change"): ["payload", "headers", "actor", "result"],
          ("jobs_engine_targetpause", "changelist"): ["reason"],
          ("jobs_engine_targetpause", "change"): ["reason"]}
 PAGES = [(model, page) for model in MODELS for page in ("changelist", "change", "history")]
+PAGES.append(("jobs_engine_registeredtarget", "changelist"))  # the registry: one page
 
 
 def page_url(rows: Rows, model: str, page: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from jobs_engine import conf, registry, store
+from jobs_engine import JobPolicy, conf, registry, store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.enqueueing import enqueue, enqueue_many, partition_for
 from jobs_engine.errors import DeadNow, TargetUnreachable
@@ -30,13 +30,14 @@ from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
-from jobs_engine.models import Partition, TargetPause
+from jobs_engine.models import CompletedJob, Partition, TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race
 
 pytestmark = pytest.mark.django_db
 
 SECOND = timedelta(seconds=1)
+MILLISECOND = timedelta(milliseconds=1)
 
 
 class Crash(BaseException):
@@ -121,21 +122,25 @@ def test_250_rows_go_out_100_100_50_and_success_deletes(targets: Any, t0: dateti
     assert JobModel.objects.count() == 0
 
 
+@pytest.mark.parametrize("keep", [0, 5])  # deleted, or the newest 5 kept as DONE
 @pytest.mark.parametrize("count", [3, 40])  # ids inlined, and as one array parameter
-def test_success_delete_matches_each_row_on_the_attempts_it_was_read_with(
-        targets: Any, t0: datetime, count: int) -> None:
-    """A send's success delete is guarded per row on the attempts it was read with,
+def test_success_write_matches_each_row_on_the_attempts_it_was_read_with(
+        targets: Any, t0: datetime, count: int, keep: int) -> None:
+    """A send's success write is guarded per row on the attempts it was read with,
     whatever mix of attempts the send holds: a row changed since (a takeover wrote its
-    outcome) stays."""
+    outcome) stays, and is neither deleted nor kept as DONE."""
     targets("fl.guard")
     ids = [put("fl.guard", t0) for _ in range(count)]
     for index, job_id in enumerate(ids):
         JobModel.objects.filter(id=job_id).update(attempts=index % 3)
     changed = ids[1]
     JobModel.objects.filter(id=changed).update(attempts=5)
-    read = [(job_id, index % 3) for index, job_id in enumerate(ids)]
-    assert store.jobs_delete_succeeded(store.Guard(Lane.FAST, "token"), read) == count - 1
+    done = [store.Done(job_id, index % 3, None, t0, 1.0) for index, job_id in enumerate(ids)]
+    assert store.jobs_done(store.Guard(Lane.FAST, "token"), done, t0, keep=keep) == count - 1
     assert list(JobModel.objects.values_list("id", flat=True)) == [changed]
+    newest = ids[-keep:] if keep else []
+    assert sorted(CompletedJob.objects.values_list("id", flat=True)) == sorted(
+        job_id for job_id in newest if job_id != changed)
 
 
 def test_fast_batch_comes_from_settings(targets: Any, t0: datetime, jobs_settings: Any) -> None:
@@ -182,48 +187,49 @@ def test_a_target_batch_size_sets_its_rows_per_poll(targets: Any, t0: datetime,
 # -- answered failures: backoff, DEAD ---------------------------------------------------------
 
 
-def test_answered_failure_backs_off_then_dead_at_sixth(targets: Any, t0: datetime,
-                                                        dead_signals: list[dict[str, Any]],
-                                                        caplog: pytest.LogCaptureFixture) -> None:
-    """1, 2, 4, 8, 16 minutes, then DEAD at the 6th failure with closed_at, last_error cut
-    to 2000 characters, one job_dead signal and one "job dead alert" error line."""
+def test_answered_failure_backs_off_then_dead_at_the_third(
+        targets: Any, t0: datetime, dead_signals: list[dict[str, Any]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """DEFAULT_POLICY: waits of 1 s, then 2 s, then DEAD at the 3rd failed try with
+    closed_at, last_error cut to 2000 characters, one job_dead signal and one "job dead
+    alert" error line."""
     caplog.set_level(logging.INFO, logger="jobs_engine")
     calls: list[Job] = []
     targets("fl.fail", handler=raising(ValueError("E" * 5000), calls))
     job_id = put("fl.fail", t0, key="order-1", version=1)
     worker = make_worker("A")
     at = t0
-    for attempt, delay in enumerate((60, 120, 240, 480, 960), start=1):
+    for attempt, delay in enumerate((1, 2), start=1):
         assert worker.run(at) == 1
         failed = row(job_id)
         assert (failed.status, failed.attempts) == (JobStatus.PENDING, attempt)
         assert failed.next_run_at == at + timedelta(seconds=delay)
         assert failed.last_error.startswith("ValueError: EEE")
-        assert worker.run(at + timedelta(seconds=delay) - SECOND) == 0  # not due yet
+        assert worker.run(at + timedelta(seconds=delay) - MILLISECOND) == 0  # not due yet
         at += timedelta(seconds=delay)
     assert dead_signals == []
     assert worker.run(at) == 1
     dead = row(job_id)
-    assert (dead.status, dead.attempts, dead.closed_at) == (JobStatus.DEAD, 6, at)
+    assert (dead.status, dead.attempts, dead.closed_at) == (JobStatus.DEAD, 3, at)
     assert len(dead.last_error) == 2000
     assert [s["job_id"] for s in dead_signals] == [job_id]
     alerts = [r for r in caplog.records if r.getMessage().startswith("job dead alert")]
     assert len(alerts) == 1
     assert alerts[0].levelno == logging.ERROR
     assert f"id={job_id}" in alerts[0].getMessage()
-    assert len(calls) == 6
+    assert len(calls) == 3
     assert worker.run(at + timedelta(days=1)) == 0  # DEAD rows are never sent again
 
 
-def test_per_target_max_attempts_and_retry_delays(targets: Any, t0: datetime) -> None:
-    """A target's own max_attempts and retry_delays win; the last delay repeats."""
+def test_the_targets_policy_sets_tries_and_doubling_waits(targets: Any, t0: datetime) -> None:
+    """The target's JobPolicy: four tries, waits of 5 s doubling before each later one."""
     calls: list[Job] = []
-    targets("fl.custom", handler=raising(ValueError("no"), calls), max_attempts=4,
-            retry_delays=[5, 7])
+    targets("fl.custom", handler=raising(ValueError("no"), calls),
+            policy=JobPolicy(attempts=4, backoff_s=5))
     job_id = put("fl.custom", t0)
     worker = make_worker("A")
     at = t0
-    for attempt, delay in enumerate((5, 7, 7), start=1):
+    for attempt, delay in enumerate((5, 10, 20), start=1):
         assert worker.run(at) == 1
         assert (row(job_id).attempts, row(job_id).next_run_at) == (
             attempt, at + timedelta(seconds=delay))
@@ -259,10 +265,10 @@ def test_failed_row_holds_later_versions_until_retried(
     worker = make_worker("A")
     assert worker.run(t0) == 1
     assert worker.run(t0) == 0
-    assert worker.run(t0 + 59 * SECOND) == 0  # v2, v3 wait behind v1's retry
+    assert worker.run(t0 + SECOND - MILLISECOND) == 0  # v2, v3 wait behind v1's retry
     assert sent == [1]
     assert [row(i).status for i in ids[1:]] == [JobStatus.PENDING] * 2
-    later = t0 + 60 * SECOND
+    later = t0 + SECOND
     polls = [worker.run(later) for _ in range(4)]
     assert sent == [1, 1, 2, 3]
     assert sum(polls) == 3
@@ -881,10 +887,10 @@ def test_a_retry_moves_the_later_versions_of_its_key_to_its_retry_time(
     worker = make_worker("A")
     assert worker.run(t0) == 2  # v1 fails, the other key goes
     retry_at = row(ids[0]).next_run_at
-    assert retry_at == t0 + 60 * SECOND
+    assert retry_at == t0 + SECOND
     assert [row(i).next_run_at for i in ids[1:]] == [retry_at, retry_at]
     assert not JobModel.objects.filter(id=other).exists()
-    assert worker.run(t0 + 59 * SECOND) == 0
+    assert worker.run(retry_at - MILLISECOND) == 0
     assert [worker.run(retry_at) for _ in range(3)] == [1, 1, 1]
     assert sent == [1, 1, 2, 3]
 

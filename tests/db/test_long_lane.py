@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jobs_engine import store
+from jobs_engine import JobPolicy, store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.enqueueing import enqueue
 from jobs_engine.errors import TargetUnreachable
@@ -196,7 +196,8 @@ def test_worker_whose_claim_was_taken_over_cannot_finish(
     assert a.run_once(t0) == 1
     assert calls == [job_id, job_id]
     kept = row(job_id)
-    assert (kept.status, kept.attempts, kept.claim_token) == (JobStatus.PENDING, 1, None)
+    # Two tries made: A's (counted by the rescue: its handler had started) and B's.
+    assert (kept.status, kept.attempts, kept.claim_token) == (JobStatus.PENDING, 2, None)
     results = [r.getMessage().rsplit("result=", 1)[1] for r in caplog.records
                if r.getMessage().startswith("job run ")]
     assert results == ["retried", "lost"]
@@ -278,13 +279,13 @@ def test_racing_workers_never_run_one_exclusive_code_twice(targets: Any, now: da
 # -- outcomes on the long lane ------------------------------------------------------------------
 
 
-def test_backoff_then_dead_at_the_targets_max_attempts(targets: Any, t0: datetime,
+def test_backoff_then_dead_at_the_policys_last_attempt(targets: Any, t0: datetime,
                                                        dead_signals: list[dict[str, Any]]
                                                        ) -> None:
     def fail(job: Job) -> None:
         raise ValueError("report failed")
 
-    targets("ll.retry", handler=fail, lane="long", max_attempts=3, retry_delays=[60, 120])
+    targets("ll.retry", handler=fail, lane="long", policy=JobPolicy(attempts=3, backoff_s=60))
     job_id = put("ll.retry", t0)
     lane = long_worker("A")
     at = t0

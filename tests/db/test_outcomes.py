@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from jobs_engine import conf, store
+from jobs_engine import RUN_ONCE_POLICY, JobPolicy, conf, store
 from jobs_engine.enqueueing import enqueue
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
@@ -89,8 +89,8 @@ def paused(target: str) -> TargetPause | None:
 
 
 @pytest.mark.parametrize("lane", LANES)
-def test_returns_deletes_the_row(run_one: Any, lane: str) -> None:
-    assert run_one(lane, lambda job: None) is None
+def test_returns_deletes_the_row_when_the_policy_keeps_none(run_one: Any, lane: str) -> None:
+    assert run_one(lane, lambda job: None, policy=JobPolicy(keep_completed=0)) is None
 
 
 @pytest.mark.parametrize("lane", LANES)
@@ -98,7 +98,7 @@ def test_answered_failure_spends_an_attempt_and_waits(run_one: Any, lane: str,
                                                       t0: datetime) -> None:
     after = run_one(lane, raises(ValueError("boom")))
     assert (after.status, after.attempts, after.next_run_at, after.last_error) == (
-        JobStatus.PENDING, 1, t0 + 60 * SECOND, "ValueError: boom")
+        JobStatus.PENDING, 1, t0 + SECOND, "ValueError: boom")
     assert (after.claim_token, after.lease_until) == (None, None)
     assert paused(after.target) is None
 
@@ -119,7 +119,7 @@ def test_unreachable_keeps_the_row_and_pauses_the_target(run_one: Any, lane: str
 def test_outcome_unknown_at_most_once_is_dead_at_once_and_pauses(
         run_one: Any, lane: str, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
     after = run_one(lane, raises(TargetOutcomeUnknown("no answer")))
-    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 0, t0)
+    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 1, t0)
     assert after.last_error == "TargetOutcomeUnknown: no answer"
     assert paused(after.target) is not None
     assert [s["job_id"] for s in dead_signals] == [after.id]
@@ -129,7 +129,7 @@ def test_outcome_unknown_at_most_once_is_dead_at_once_and_pauses(
 def test_outcome_unknown_with_target_up_is_dead_without_pause(
         run_one: Any, lane: str, dead_signals: list[dict[str, Any]]) -> None:
     after = run_one(lane, raises(TargetOutcomeUnknown("request timed out", target_up=True)))
-    assert (after.status, after.attempts) == (JobStatus.DEAD, 0)
+    assert (after.status, after.attempts) == (JobStatus.DEAD, 1)
     assert paused(after.target) is None
     assert [s["job_id"] for s in dead_signals] == [after.id]
 
@@ -148,22 +148,22 @@ def test_outcome_unknown_at_least_once_is_kept_and_pauses(
 
 @pytest.mark.parametrize("lane", LANES)
 @pytest.mark.parametrize("mode", MODES)
-def test_dead_now_is_dead_at_once_without_spending_an_attempt(
+def test_dead_now_is_dead_at_once_and_counts_the_try_it_made(
         run_one: Any, lane: str, mode: DeliveryMode, t0: datetime,
         dead_signals: list[dict[str, Any]]) -> None:
     after = run_one(lane, raises(DeadNow("invalid record")), delivery_mode=mode)
-    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 0, t0)
+    assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 1, t0)
     assert after.last_error == "DeadNow: invalid record"
     assert paused(after.target) is None
     assert [s["job_id"] for s in dead_signals] == [after.id]
 
 
 @pytest.mark.parametrize("lane", LANES)
-def test_dead_at_max_attempts_cuts_error_signals_once_and_alerts(
+def test_dead_at_the_last_attempt_cuts_error_signals_once_and_alerts(
         run_one: Any, lane: str, t0: datetime, dead_signals: list[dict[str, Any]],
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="jobs_engine")
-    after = run_one(lane, raises(RuntimeError("x" * 5000)), max_attempts=1)
+    after = run_one(lane, raises(RuntimeError("x" * 5000)), policy=RUN_ONCE_POLICY)
     assert (after.status, after.attempts, after.closed_at) == (JobStatus.DEAD, 1, t0)
     assert len(after.last_error) == store.LAST_ERROR_LIMIT == 2000
     assert after.last_error.startswith("RuntimeError: xxx")
@@ -211,7 +211,7 @@ def test_error_text_with_nul_is_stored_cleaned_and_the_row_goes_dead(
         targets: Any, lane: str, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
     """A handler's error may carry anything (a response body): NUL, which PostgreSQL text
     refuses, and a lone surrogate, which UTF-8 cannot encode. The outcome must still be
-    written, or the row would be run again at every poll: exactly max_attempts runs."""
+    written, or the row would be run again at every poll: exactly the policy's attempts."""
     calls: list[Job] = []
 
     def handler(job: Job) -> None:
@@ -220,10 +220,10 @@ def test_error_text_with_nul_is_stored_cleaned_and_the_row_goes_dead(
 
     name = f"oc.{lane}.{uuid.uuid4().hex[:6]}"
     targets(name, handler=handler, lane=lane, delivery_mode=DeliveryMode.AT_MOST_ONCE,
-            max_attempts=3)
+            policy=JobPolicy(attempts=3, backoff_s=60))
     job_id = enqueue(name, {"n": 1}, dedupe_key=f"{name}:1", run_at=t0).job_id
     poll = poller(lane)
-    # Each poll just past the row's retry time (RETRY_DELAYS: 60 s, then 120 s).
+    # Each poll just past the row's retry time (60 s, then 120 s).
     for n, at in enumerate((t0, t0 + 61 * SECOND, t0 + 182 * SECOND), start=1):
         assert poll(at) == 1
         assert len(calls) == n

@@ -41,7 +41,7 @@ from schedules import (
     runner,
     sync_declared,
 )
-from schedules.declarations import Declaration, declared, undeclare
+from schedules.declarations import Declaration, declared, slot_policy, undeclare
 from schedules.models import Schedule
 from schedules.tick import TickReport, TickService, _tick_row, tick
 from tests.helpers import FakeMonotonic, race
@@ -177,9 +177,10 @@ def test_declare_registers_a_long_lane_exclusive_target_whose_max_attempts_are_t
     target = get_target(f"schedule:{d.code}")
     assert target.lane is Lane.LONG
     assert target.exclusive is True
-    assert target.max_attempts == 4  # total runs of one slot (docs/design.md#schedules)
+    # total runs of one slot (docs/design.md#schedules), a minute apart, then doubling
+    assert target.policy == slot_policy(4)
+    assert (target.policy.attempts, target.policy.backoff_s) == (4, 60)
     assert target.delivery_mode is DeliveryMode.AT_LEAST_ONCE
-    assert target.retry_delays is None  # the JOBS RETRY_DELAYS: 60, 120, ... seconds
     assert declared()[d.code].missed_slot_policy is MissedSlotPolicy.RUN_ONCE
 
 
@@ -465,7 +466,7 @@ def test_a_dead_slot_does_not_stop_the_next_slot(
     tick(t0 + MINUTE + SECOND)
     run_lane(lane, clock, t0 + MINUTE + 2 * SECOND)
     assert d.slots == [t0, t0 + MINUTE]
-    assert [j.id for j in jobs(d.code)] == [dead.id]  # the next slot ran and was deleted
+    assert [j.id for j in jobs(d.code)] == [dead.id]  # the next slot ran and completed
 
 
 # -- missed slots ------------------------------------------------------------------------------

@@ -221,9 +221,7 @@ def test_c_kafka_broker_stopped_for_10s_mid_drain(fault_run: FaultRun, fault_kaf
     broker.create_topics({topic: (KAFKA_PARTITIONS, {}) for topic in topics.values()})
     run.jobs_env.update({"JOBS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
                          "JOBS_KAFKA_EXTRA_TOPICS": ",".join(
-                             [topics[am_target], f"{topics[al_target]}:at_least_once"]),
-                         # An answered error is retried within the test's time, not in 60 s.
-                         "JOBS_RETRY_DELAYS": "1"})
+                             [topics[am_target], f"{topics[al_target]}:at_least_once"])})
     work = Workload((am_target, al_target), KAFKA_KEYS, KAFKA_ROUNDS,
                     transactions=KAFKA_ROUNDS, interval_s=KAFKA_INTERVAL_S)
     targets = list(topics)

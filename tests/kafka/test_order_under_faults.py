@@ -333,9 +333,7 @@ def test_order_and_delivery_under_broker_stop_and_worker_kill(
 
     env = {"JOBS_KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap,
            "JOBS_KAFKA_EXTRA_TOPICS": f"{amo_topic},{alo_topic}:at_least_once",
-           "JOBS_PARTITIONS": str(conf.jobs_settings().PARTITIONS),
-           # An answered Kafka error is retried within the test's time, not in 60 s.
-           "JOBS_RETRY_DELAYS": "1"}
+           "JOBS_PARTITIONS": str(conf.jobs_settings().PARTITIONS)}
     plan = [(amo.name, f"amo-{n:03d}") for n in range(KEYS_PER_TOPIC)] + \
            [(alo.name, f"alo-{n:03d}") for n in range(KEYS_PER_TOPIC)]
     enqueuer = Enqueuer(plan, VERSIONS, ROUND_INTERVAL_S, HOLD_AT_ROUND)

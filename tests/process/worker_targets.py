@@ -4,7 +4,8 @@ Each handler appends what it did to a file per process (``<pid>.log`` in
 ``$JOBS_TEST_OUT_DIR``), one line written, flushed and fsynced per event, so a record
 survives a SIGKILL that lands right after it. A line is
 ``event job_id target key version partition owner unix_time``: ``start`` when the
-handler is entered (that is the send), ``end`` when it returns. Fast-lane handlers also
+handler is entered (that is the send), ``end`` when it returns, ``fail`` when it is about
+to raise. Fast-lane handlers also
 record the partition's owner read from the database at the start of the send, so a test
 can prove that nobody sends a row of a partition it does not own.
 
@@ -17,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.apps import AppConfig
 
@@ -30,7 +31,16 @@ FAST_AT_MOST_ONCE = "proc:am"
 FAST_AT_LEAST_ONCE = "proc:al"
 LONG_AT_MOST_ONCE = "proc:long-am"
 LONG_AT_LEAST_ONCE = "proc:long-al"
-NAMES = (FAST_AT_MOST_ONCE, FAST_AT_LEAST_ONCE, LONG_AT_MOST_ONCE, LONG_AT_LEAST_ONCE)
+# Job policies (test_policies_processes.py): payload {"fail": n} fails the first n tries,
+# {"fail": "always"} every one; a try that passes returns {"n": payload n, "tries": ...}.
+FAST_DEFAULT_POLICY = "proc:policy-default"
+LONG_DEFAULT_POLICY = "proc:long-policy-default"
+LONG_RUN_ONCE = "proc:long-run-once"
+FAST_TWO_ATTEMPTS = "proc:two-attempts"
+FAST_KEEP_3 = "proc:keep-3"
+NAMES = (FAST_AT_MOST_ONCE, FAST_AT_LEAST_ONCE, LONG_AT_MOST_ONCE, LONG_AT_LEAST_ONCE,
+         FAST_DEFAULT_POLICY, LONG_DEFAULT_POLICY, LONG_RUN_ONCE, FAST_TWO_ATTEMPTS,
+         FAST_KEEP_3)
 
 
 @dataclass(frozen=True)
@@ -119,9 +129,28 @@ def long_handler(job: Job) -> None:
     _write("end", job, partition, None)
 
 
+def policy_handler(job: Job) -> dict[str, Any]:
+    """Record the try, fail it while the payload says so, else return a result."""
+    partition = _partition(job)
+    _write("start", job, partition, None)
+    fail = (job.payload or {}).get("fail", 0)
+    if fail == "always" or job.attempts < fail:
+        _write("fail", job, partition, None)
+        raise RuntimeError(f"try {job.attempts + 1} fails")
+    _write("end", job, partition, None)
+    return {"n": (job.payload or {}).get("n"), "tries": job.attempts + 1}
+
+
 def register() -> None:
-    """Register the four targets (idempotent: the pytest process registers them too)."""
-    from jobs_engine import DeliveryMode, Lane, register_target
+    """Register the targets (idempotent: the pytest process registers them too)."""
+    from jobs_engine import (
+        DEFAULT_POLICY,
+        RUN_ONCE_POLICY,
+        DeliveryMode,
+        JobPolicy,
+        Lane,
+        register_target,
+    )
     from jobs_engine.registry import all_targets
 
     if FAST_AT_MOST_ONCE in {t.name for t in all_targets()}:
@@ -134,6 +163,14 @@ def register() -> None:
                     delivery_mode=DeliveryMode.AT_MOST_ONCE)
     register_target(LONG_AT_LEAST_ONCE, long_handler, lane=Lane.LONG,
                     delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    register_target(FAST_DEFAULT_POLICY, policy_handler, lane=Lane.FAST, policy=DEFAULT_POLICY)
+    register_target(LONG_DEFAULT_POLICY, policy_handler, lane=Lane.LONG, policy=DEFAULT_POLICY)
+    register_target(LONG_RUN_ONCE, policy_handler, lane=Lane.LONG, policy=RUN_ONCE_POLICY)
+    register_target(FAST_TWO_ATTEMPTS, policy_handler, lane=Lane.FAST,
+                    policy=JobPolicy(attempts=2, backoff_s=0.5))
+    register_target(FAST_KEEP_3, policy_handler, lane=Lane.FAST,
+                    delivery_mode=DeliveryMode.AT_LEAST_ONCE,
+                    policy=JobPolicy(keep_completed=3, keep_failed=2))
 
 
 class WorkerTargetsConfig(AppConfig):

@@ -11,7 +11,14 @@ from typing import Any
 
 import pytest
 
-from jobs_engine import DeliveryMode, DuplicateTarget, InvalidJob, Lane, register_target
+from jobs_engine import (
+    DeliveryMode,
+    DuplicateTarget,
+    InvalidJob,
+    JobPolicy,
+    Lane,
+    register_target,
+)
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.registry import Target, all_targets, get_target, unregister_target
@@ -34,14 +41,15 @@ def snapshot() -> dict[str, Target]:
 
 
 def test_valid_registration_is_stored() -> None:
+    policy = JobPolicy(attempts=4, backoff_s=2.5, keep_completed=0)
     target = register_target(NAME, noop, lane=Lane.LONG,
                              delivery_mode=DeliveryMode.AT_LEAST_ONCE, exclusive=True,
-                             max_attempts=3, retry_delays=[1, 2.5], batch_size=500)
+                             policy=policy, batch_size=500)
     assert get_target(NAME) is target
     assert target.batch_size == 500
     assert (target.lane, target.delivery_mode, target.exclusive) == (
         Lane.LONG, DeliveryMode.AT_LEAST_ONCE, True)
-    assert (target.max_attempts, target.retry_delays) == (3, (1, 2.5))
+    assert target.policy is policy
 
 
 def test_lane_and_mode_accept_their_string_values() -> None:
@@ -60,6 +68,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("lane-unknown", {"lane": "medium"}, "lane"),
     ("lane-none", {"lane": None}, "lane"),
     ("mode-unknown", {"delivery_mode": "exactly_once"}, "delivery_mode"),
+    # The deprecated arguments (they build a policy) are still checked, naming themselves.
     ("max-attempts-zero", {"max_attempts": 0}, "max_attempts"),
     ("max-attempts-negative", {"max_attempts": -2}, "max_attempts"),
     ("max-attempts-text", {"max_attempts": "3"}, "max_attempts"),
@@ -78,6 +87,7 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:register_target\\(max_attempts:DeprecationWarning")
 @pytest.mark.parametrize(("bad", "field"), [(b, f) for _, b, f in BAD],
                          ids=[name for name, _, _ in BAD])
 def test_bad_registration_raises_before_the_registry_changes(bad: dict[str, Any], field: str
@@ -150,7 +160,7 @@ def test_a_job_decodes_its_payload_when_read_and_keeps_the_stored_text() -> None
     decoded = Target(name="t:decoded", handler=lambda j: seen.append(j.payload), lane=Lane.FAST)
     raw = Target(name="t:raw", handler=lambda j: seen.append(j.payload), lane=Lane.FAST,
                  payload_json=True)
-    assert call_handler(decoded, job) is None and call_handler(raw, job) is None
+    assert call_handler(decoded, job).error is None and call_handler(raw, job).error is None
     assert seen == [{"p": 1}, '{"p": 1}']
 
 

@@ -43,8 +43,8 @@ def run_check(settings: Any, jobs: dict[str, Any]) -> list[checks.CheckMessage]:
 
 def test_defaults_match_the_spec() -> None:
     s = load_settings({}, environ={})
-    assert (s.PARTITIONS, s.FAST_BATCH, s.LONG_BATCH, s.MAX_ATTEMPTS) == (64, 100, 10, 6)
-    assert s.RETRY_DELAYS == (60, 120, 240, 480, 960)
+    assert (s.PARTITIONS, s.FAST_BATCH, s.LONG_BATCH) == (64, 100, 10)
+    assert (s.RETENTION_S, s.UNHANDLED_GRACE_S) == (60, 900)
     assert s.IDLE_POLL_S == (1, 2, 5)
     assert (s.PARTITION_LEASE_S, s.PARTITION_HEARTBEAT_S) == (30, 10)
     assert (s.LONG_LEASE_S, s.LONG_HEARTBEAT_S) == (300, 60)
@@ -55,14 +55,14 @@ def test_defaults_match_the_spec() -> None:
 
 
 def test_jobs_dict_values_are_used() -> None:
-    s = load_settings({"PARTITIONS": 16, "RETRY_DELAYS": [5, 10]}, environ={})
+    s = load_settings({"PARTITIONS": 16, "IDLE_POLL_S": [5, 10]}, environ={})
     assert s.PARTITIONS == 16
-    assert s.RETRY_DELAYS == (5, 10)
+    assert s.IDLE_POLL_S == (5, 10)
 
 
 @pytest.mark.parametrize(("env", "field", "value"), [
     ({"JOBS_PARTITIONS": "8"}, "PARTITIONS", 8),
-    ({"JOBS_RETRY_DELAYS": "1,2,3"}, "RETRY_DELAYS", (1.0, 2.0, 3.0)),
+    ({"JOBS_UNHANDLED_GRACE_S": "30"}, "UNHANDLED_GRACE_S", 30),
     ({"JOBS_IDLE_POLL_S": "0.5, 1"}, "IDLE_POLL_S", (0.5, 1.0)),
     ({"JOBS_WORKERS": "off"}, "WORKERS", False),
     ({"JOBS_WORKERS": "on"}, "WORKERS", True),
@@ -80,7 +80,7 @@ def test_env_overrides_jobs(env: dict[str, str], field: str, value: Any) -> None
 @pytest.mark.parametrize(("env", "name"), [
     ({"JOBS_PARTITIONS": "eight"}, "JOBS_PARTITIONS"),
     ({"JOBS_PARTITIONS": "8.5"}, "JOBS_PARTITIONS"),
-    ({"JOBS_RETRY_DELAYS": "1,x,3"}, "JOBS_RETRY_DELAYS"),
+    ({"JOBS_IDLE_POLL_S": "1,x,3"}, "JOBS_IDLE_POLL_S"),
     ({"JOBS_WORKERS": "maybe"}, "JOBS_WORKERS"),
     ({"JOBS_PARTITION_LEASE_S": "soon"}, "JOBS_PARTITION_LEASE_S"),
 ])
@@ -117,18 +117,16 @@ NONSENSE: list[tuple[str, dict[str, Any], str]] = [
     ("long-heartbeat-over-lease", {"LONG_LEASE_S": 60, "LONG_HEARTBEAT_S": 90},
      "LONG_HEARTBEAT_S"),
     ("zero-partitions", {"PARTITIONS": 0}, "PARTITIONS"),
-    ("empty-retry-delays", {"RETRY_DELAYS": []}, "RETRY_DELAYS"),
-    ("negative-retry-delay", {"RETRY_DELAYS": [60, -1]}, "RETRY_DELAYS"),
+    ("zero-retention", {"RETENTION_S": 0}, "RETENTION_S"),
+    ("negative-unhandled-grace", {"UNHANDLED_GRACE_S": -1}, "UNHANDLED_GRACE_S"),
     ("empty-idle-poll", {"IDLE_POLL_S": []}, "IDLE_POLL_S"),
-    ("zero-max-attempts", {"MAX_ATTEMPTS": 0}, "MAX_ATTEMPTS"),
     ("zero-payload-limit", {"MAX_PAYLOAD_BYTES": 0}, "MAX_PAYLOAD_BYTES"),
     ("negative-grace", {"GRACE_S": -1}, "GRACE_S"),
     ("unknown-key", {"PARTITIONZ": 8}, "PARTITIONZ"),
     ("partitions-as-text", {"PARTITIONS": "8"}, "PARTITIONS"),
     ("lease-as-none", {"PARTITION_LEASE_S": None}, "PARTITION_LEASE_S"),
     ("partitions-as-float", {"PARTITIONS": 8.5}, "PARTITIONS"),
-    ("retry-delay-as-text", {"RETRY_DELAYS": [60, "2m"]}, "RETRY_DELAYS"),
-    ("retry-delays-as-number", {"RETRY_DELAYS": 60}, "RETRY_DELAYS"),
+    ("idle-poll-as-number", {"IDLE_POLL_S": 60}, "IDLE_POLL_S"),
     ("workers-as-number", {"WORKERS": 5}, "WORKERS"),
     ("notify-as-text", {"NOTIFY": "sometimes"}, "NOTIFY"),
     ("metrics-token-as-number", {"METRICS_TOKEN": 1234}, "METRICS_TOKEN"),
@@ -179,7 +177,7 @@ def test_kafka_app_without_confluent_kafka_is_a_check_error_saying_what_to_insta
 def test_sane_settings_pass_the_check(settings: Any) -> None:
     assert run_check(settings, {}) == []
     assert run_check(settings, {"PARTITIONS": 8, "PARTITION_LEASE_S": 10,
-                                "PARTITION_HEARTBEAT_S": 3, "RETRY_DELAYS": [0]}) == []
+                                "PARTITION_HEARTBEAT_S": 3, "RETENTION_S": 5}) == []
 
 
 def test_bad_env_value_is_a_check_error(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,3 +239,17 @@ def test_workers_off_settings_object() -> None:
     """WORKERS off from the JOBS dict as text too (the same words as the environment)."""
     assert load_settings({"WORKERS": "off"}, environ={}).WORKERS is False
     assert load_settings({"WORKERS": "on"}, environ={"JOBS_WORKERS": "off"}).WORKERS is False
+
+
+@pytest.mark.parametrize("name", ["MAX_ATTEMPTS", "RETRY_DELAYS"])
+def test_a_retired_setting_is_accepted_with_a_warning_naming_it(settings: Any, name: str,
+                                                                monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """Retries are each target's JobPolicy now: the old setting is ignored, not an error that
+    would stop a deploy, and the warning says what replaces it."""
+    found = run_check(settings, {name: 6 if name == "MAX_ATTEMPTS" else [60, 120]})
+    assert [(m.id, m.level) for m in found] == [("jobs_engine.W001", checks.WARNING)]
+    assert name in found[0].msg and "JobPolicy" in found[0].msg
+    assert not hasattr(load_settings({name: 1}, environ={}), name)
+    monkeypatch.setenv(f"JOBS_{name}", "3")
+    assert [m.id for m in run_check(settings, {})] == ["jobs_engine.W001"]
