@@ -10,7 +10,8 @@ others → 403.
 Input is strict: a job id in a path is a plain decimal number (``JobId``: ``[1-9][0-9]*``,
 at most 2**63-1; ``1.0``, ``+1``, `` 1``, ``01``, ``1e0``, ``0`` or a larger number names
 no row: 404), and a query parameter or body field a route does not use is refused (400
-naming it), as is any body on a route that takes none (``refuse_unused_input``).
+naming it), as is a parameter given twice or empty, and any body on a route that takes
+none (``refuse_unused_input``).
 
 Every error has one shape: ``{"status_code", "code", "message": [...]}`` (400
 ``validation_error``, 401 ``unauthorized``, 403 ``forbidden``/``csrf_failed``, 404
@@ -274,6 +275,11 @@ def refuse_unused_input(view: Callable[..., Any]) -> Callable[..., Any]:
         problems += [f"query.{name}: must not be empty"
                      for name in sorted(set(request.GET) & known)
                      if any(value == "" for value in request.GET.getlist(name))]
+        # A parameter given twice (``?code=a&code=b``) would filter on the last one only,
+        # while the client asked for both: refused, not silently narrowed.
+        problems += [f"query.{name}: given {len(request.GET.getlist(name))} times; give it "
+                     "once" for name in sorted(set(request.GET) & known)
+                     if len(request.GET.getlist(name)) > 1]
         if not any(isinstance(value, BodyIn) for value in values):
             problems += _no_body(request)
         if problems:

@@ -373,6 +373,18 @@ def test_an_empty_filter_is_400_not_a_list_of_everything(client: Client, query: 
     assert any("must not be empty" in line or "query." in line for line in body["message"])
 
 
+@pytest.mark.parametrize("query", ["code=a&code=b", "target=t&target=t", "page=1&page=2",
+                                   "lane=fast&lane=long&key=k"])
+def test_a_filter_given_twice_is_400_not_narrowed_to_the_last(client: Client, targets: Any,
+                                                              query: str) -> None:
+    """``?code=a&code=b`` would filter on ``b`` alone while the client asked for both."""
+    targets("api.twice")
+    make_job("api.twice", code="b")
+    body = assert_error(client.get(f"{JOBS}?{query}"), 400, "validation_error")
+    name = query.split("=")[0]
+    assert f"query.{name}: given 2 times; give it once" in body["message"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_retries_one_200_one_409(targets: Any) -> None:
     targets("api.race")

@@ -14,6 +14,7 @@ acted on. The settings are schemathesis 4's ``schema.config`` (what a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -119,6 +120,27 @@ SPELLINGS = ["{}", "{}", "{}", "0{}", "+{}", "{}.0", " {}", "{}e0", "{}_0"]
 NEAR_MISS = "near miss"
 
 
+def as_sent(case: Any) -> None:
+    """Put the case's query in the form the request carries, so schemathesis judges the
+    request that is sent (it revalidates a changed case): an object would go out as its
+    keys (``{"a": 1}`` as ``?key=a``, a valid text), so it is sent as its JSON text; an
+    empty list is no parameter at all, a one-item list that item. A longer list stays: it
+    is the parameter given several times, which the API refuses."""
+    def one(value: Any) -> Any:
+        return json.dumps(value) if isinstance(value, dict | list) else value
+
+    query = {}
+    for name, value in (case.query or {}).items():
+        if not isinstance(value, list):
+            query[name] = one(value)
+        elif len(value) == 1:
+            query[name] = one(value[0])
+        elif value:
+            query[name] = [one(item) for item in value]
+    if query != (case.query or {}):
+        case.query = query
+
+
 def check(case: Any, session: Session, real: Real, pick: int, spelling: str,
           seen: dict[str, set[int]]) -> None:
     """Send one case as the manager, then the configured checks and the error shape. Half
@@ -133,6 +155,7 @@ def check(case: Any, session: Session, real: Real, pick: int, spelling: str,
         job_id = real.job_ids[pick // 2 % len(real.job_ids)]
         near_miss = spelling != "{}" and label in EVERY_OPERATION  # not a method it lacks
         params["job_id"] = spelling.format(job_id) if spelling != "{}" else job_id
+    as_sent(case)
     response = case.call(cookies=session.cookies, headers=session.headers)
     seen.setdefault(label, set()).add(response.status_code)
     body = getattr(case, "body", None)
