@@ -56,6 +56,7 @@ class Options:
     kafka_keys: int = 1_000
     kafka_port: int = 19292
     kafka_dir: str = str(Path(tempfile.gettempdir()) / "jobs-engine-kafka-bench")
+    policy_done_n: int = 1_000_000
     results_dir: Path = field(default=RESULTS)
 
     @property
@@ -114,10 +115,8 @@ def dead_count() -> int:
 
 def reset() -> None:
     """Empty the queue between phases (workers are stopped by then)."""
-    if store.is_postgres():
-        sql(f"TRUNCATE {store.JOBS}")
-    else:
-        sql(f"DELETE FROM {store.JOBS}")
+    for table in (store.JOBS, store.DONE_JOBS):
+        sql(f"TRUNCATE {table}" if store.is_postgres() else f"DELETE FROM {table}")
     sql(f"UPDATE {store.PARTITIONS} SET owner = NULL, lease_until = NULL, inflight_ids = %s, "
         "inflight_token = NULL", ["[]"])
     sql(f"DELETE FROM {store.WORKERS}")
@@ -127,6 +126,21 @@ def reset() -> None:
 
 def analyze() -> None:
     sql(f"ANALYZE {store.JOBS}")
+
+
+def enqueue_rate(target: str, n: int) -> float:
+    """E100: ``n`` jobs of ``target`` enqueued 100 per transaction; jobs per second."""
+    batches = n // 100
+    started = time.perf_counter()
+    for b in range(batches):
+        with transaction.atomic():
+            enqueue_many([{"target": target, "payload": payload(b * 100 + j)}
+                          for j in range(100)])
+    elapsed = time.perf_counter() - started
+    stored = remaining()
+    if stored != batches * 100:
+        raise RuntimeError(f"E100 stored {stored} rows, expected {batches * 100}")
+    return batches * 100 / elapsed
 
 
 def fill(target: str, n: int, chunk: int = 500) -> None:

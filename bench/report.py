@@ -98,6 +98,7 @@ def rows_for(o: Options) -> list[Row]:
             f"in {o.poll_big:,}", "ms"),
         Row("poll:long_ratio", "long candidates ratio big / small", "x"),
     ]
+    rows += policy_rows(o)
     workers = {1: "1 worker", 3: "3 workers"}
     for kind in targets.KAFKA_TOPICS:
         for count in (1, 3):
@@ -117,6 +118,31 @@ def rows_for(o: Options) -> list[Row]:
                 f"kafka_ratio:{kind}:{count}", f"Kafka ratio fast lane / raw producer, {kind}, "
                 f"{workers[count]}", "x", "≥ 0.25x" if count == 1 else "",
                 (lambda v: v >= 0.25) if count == 1 else None))
+    return rows
+
+
+def policy_rows(o: Options) -> list[Row]:
+    """The ``policies`` phase: keeping completed jobs (DEFAULT_POLICY, 100) against none."""
+    rows = [Row(f"policy_e100:{label}", f"Policies: E100 ({o.e100_n:,} jobs), target {label}",
+                "jobs/s") for label in ("keeps 100", "keeps none")]
+    rows.append(Row("policy_e100:ratio", "Policies: E100 ratio keeps 100 / keeps none", "x"))
+    for kind in targets.FAST_KINDS:
+        rows += [Row(f"policy_d1:{kind}:{label}", f"Policies: D1 {kind}, 1 worker, target "
+                     f"{label}", "jobs/s") for label in ("keeps 100", "keeps none")]
+        rows.append(Row(f"policy_d1:{kind}:ratio", f"Policies: D1 {kind} ratio keeps 100 / "
+                        "keeps none", "x"))
+    kept = f"{o.policy_done_n:,} completed jobs kept"
+    rows += [
+        Row("policy_done:poll_none", f"fast poll, {o.poll_small:,} PENDING, no completed job "
+            "kept", "ms"),
+        Row("policy_done:poll_kept", f"fast poll, {o.poll_small:,} PENDING, {kept}", "ms"),
+        Row("policy_done:poll_ratio", f"fast poll ratio, {kept} / none", "x", "≤ 1.2x",
+            lambda v: v <= 1.2),
+        Row("policy_done:long_none", "long reserve candidates, no completed job kept", "ms"),
+        Row("policy_done:long_kept", f"long reserve candidates, {kept}", "ms"),
+        Row("policy_done:long_ratio", f"long reserve ratio, {kept} / none", "x", "≤ 1.2x",
+            lambda v: v <= 1.2),
+    ]
     return rows
 
 
@@ -191,6 +217,14 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "- Poll cost: store.jobs_fast_due, partitions 0-20 held, limit 100, after VACUUM "
             "ANALYZE; plans in "
             f"{shown(o.results_dir / 'explain_fast_poll.txt')}.")
+    if measured("policy"):
+        out.append(
+            "- Policies: the same no-op targets under DEFAULT_POLICY (keeps the newest 100 "
+            "completed jobs: a send moves at most 100 rows to the completed jobs' table and "
+            "deletes the rest) and under JobPolicy(keep_completed=0) (a send deletes them), "
+            "measured one after the other in each round. Completed jobs kept: written in one "
+            "INSERT ... SELECT into the completed jobs' table, then VACUUM ANALYZE, with the "
+            "same PENDING backlog before and after.")
     if measured("kafka"):
         out.append(
             f"- Kafka: a real Apache Kafka broker (scripts/kafka.sh, one node, loopback), "

@@ -15,8 +15,14 @@ import os
 os.environ.setdefault("DJANGO_SECRET_KEY", "bench-only-secret-key-" + "x" * 40)
 
 from config.settings import *  # noqa: F403
-from config.settings import INSTALLED_APPS
+from config.settings import INSTALLED_APPS, JOBS
+from jobs_engine import JobPolicy
 
 INSTALLED_APPS = [*INSTALLED_APPS, "bench.apps.BenchConfig"]
+
+# The Kafka phase's topic whose completed jobs are not kept (bench/targets.py KAFKA_TOPICS;
+# the workers get the topics themselves from JOBS_KAFKA_EXTRA_TOPICS).
+JOBS = {**JOBS, "KAFKA": {**JOBS["KAFKA"], "POLICIES": {
+    **JOBS["KAFKA"].get("POLICIES", {}), "bench.kafka-alo-keep-none": JobPolicy(keep_completed=0)}}}
 
 DEBUG = False

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from jobs_engine import registry
 from jobs_engine.job import Job
+from jobs_engine.policies import JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
 
 AT_MOST_ONCE = "bench.noop_at_most_once"
@@ -35,12 +36,21 @@ FAST_KINDS = {
     "batch_handler": BATCH,
 }
 
+# The same kinds under a policy that keeps no completed job (the ``policies`` phase sets them
+# beside the ones above, which keep DEFAULT_POLICY's 100).
+KEEP_NONE = JobPolicy(keep_completed=0)
+KEEP_NONE_SUFFIX = "_keep_none"
+FAST_KINDS_KEEP_NONE = {kind: name + KEEP_NONE_SUFFIX for kind, name in FAST_KINDS.items()}
 
-# Kafka phase: delivery mode -> EXTRA_TOPICS entry (one topic per mode).
+
+# Kafka phase: kind -> EXTRA_TOPICS entry (one topic per kind). The last one's policy keeps
+# no completed job (``bench.settings`` POLICIES), the others keep DEFAULT_POLICY's 100.
 KAFKA_TOPICS = {
     "at-most-once": "bench.kafka",
     "at-least-once": "bench.kafka-alo:at_least_once",
+    "at-least-once, keeps none": "bench.kafka-alo-keep-none:at_least_once",
 }
+KAFKA_KEEP_NONE_TOPIC = "bench.kafka-alo-keep-none"
 
 
 def kafka_topic(kind: str) -> str:
@@ -87,10 +97,15 @@ def record_start(job: Job) -> None:
 
 def register() -> None:
     """Register every bench target (idempotent: the driver may call it again)."""
+    fast = [
+        (AT_MOST_ONCE, {"lane": Lane.FAST}),
+        (AT_LEAST_ONCE, {"lane": Lane.FAST, "delivery_mode": DeliveryMode.AT_LEAST_ONCE}),
+        (BATCH, {"lane": Lane.FAST, "batch_handler": noop_batch}),
+    ]
     specs = [
-        (AT_MOST_ONCE, noop, {"lane": Lane.FAST}),
-        (AT_LEAST_ONCE, noop, {"lane": Lane.FAST, "delivery_mode": DeliveryMode.AT_LEAST_ONCE}),
-        (BATCH, noop, {"lane": Lane.FAST, "batch_handler": noop_batch}),
+        *((name, noop, kwargs) for name, kwargs in fast),
+        *((name + KEEP_NONE_SUFFIX, noop, {**kwargs, "policy": KEEP_NONE})
+          for name, kwargs in fast),
         (LONG, noop, {"lane": Lane.LONG}),
         (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
         (LATENCY, record_start, {"lane": Lane.FAST}),

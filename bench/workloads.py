@@ -6,7 +6,9 @@ value; ``bench/report.py`` turns them into rows). Definitions: docs/benchmarks.m
   psycopg's ``DELETE ... SKIP LOCKED``;
 - ``latency``: handler start minus the enqueue's return, with NOTIFY and polling only;
 - ``poll``: the poll's cost against the backlog's size (``bench/poll_cost.py``);
-- ``kafka``: fast lane into a real broker, beside the raw ``confluent_kafka`` producer;
+- ``kafka``: fast lane into a real broker, beside the raw ``confluent_kafka`` producer (one
+  topic keeps no completed job: the cost of keeping them);
+- ``policies``: what keeping completed jobs costs (``bench/policies.py``);
 - ``profile`` (on request): the fast lane's loop in this process under cProfile.
 
 Import after ``django.setup()``.
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from bench import targets
 from bench.baselines import raw_drain, raw_e1, raw_e100, raw_kafka
@@ -37,6 +39,7 @@ from bench.harness import (
     Workers,
     analyze,
     drain,
+    enqueue_rate,
     fill,
     kafka_broker,
     kafka_end_offset,
@@ -51,10 +54,11 @@ from bench.harness import (
     wait_for,
     workers_registered,
 )
+from bench.policies import phase_policies
 from bench.poll_cost import phase_poll
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
-from jobs_engine.enqueueing import enqueue, enqueue_many
+from jobs_engine.enqueueing import enqueue
 from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
 from jobs_engine.lanes.pauses import PauseGate
@@ -64,17 +68,7 @@ from jobs_engine.lanes.pauses import PauseGate
 
 def phase_e100(o: Options) -> Metrics:
     reset()
-    batches = o.e100_n // 100
-    started = time.perf_counter()
-    for b in range(batches):
-        with transaction.atomic():
-            enqueue_many([{"target": targets.AT_MOST_ONCE, "payload": payload(b * 100 + j)}
-                          for j in range(100)])
-    elapsed = time.perf_counter() - started
-    stored = remaining()
-    if stored != batches * 100:
-        raise RuntimeError(f"E100 stored {stored} rows, expected {batches * 100}")
-    out = {"e100": batches * 100 / elapsed}
+    out = {"e100": enqueue_rate(targets.AT_MOST_ONCE, o.e100_n)}
     if store.is_postgres():
         out["e100_raw"] = raw_e100(o.e100_n)
     return out
@@ -322,7 +316,7 @@ def phase_kafka(o: Options) -> Metrics:
 PHASE_FUNCS: dict[str, Callable[[Options], Metrics]] = {
     "e100": phase_e100, "e1": phase_e1, "d1": phase_d1, "long": phase_long,
     "latency": phase_latency, "poll": phase_poll, "profile": phase_profile,
-    "kafka": phase_kafka,
+    "kafka": phase_kafka, "policies": phase_policies,
 }
 
 

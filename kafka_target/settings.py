@@ -213,15 +213,18 @@ def _extra_topics(value: Any) -> tuple[TopicSpec, ...]:
 
 
 def _with_policies(specs: tuple[TopicSpec, ...], value: Any) -> tuple[TopicSpec, ...]:
+    """Each topic's policy. A policy may name a topic this process does not register: the
+    environment may narrow ``EXTRA_TOPICS`` for one pod, which must not stop it."""
     where = f"{SETTING}['POLICIES']"
     if not isinstance(value, Mapping):
         raise InvalidSettings(f"{where} must be a mapping of topic to JobPolicy, got {value!r}")
-    topics = {spec.topic for spec in specs}
     for topic, policy in value.items():
-        if topic not in topics:
-            raise InvalidSettings(f"{where}: topic {topic!r} is not in EXTRA_TOPICS")
+        problem = topic_problem(topic)
+        if problem:
+            raise InvalidSettings(f"{where}: {problem}")
         if not isinstance(policy, JobPolicy):
-            raise InvalidSettings(f"{where}[{topic!r}] must be a JobPolicy, got {policy!r}")
+            raise InvalidSettings(f"{where}[{topic!r}] must be a JobPolicy (from jobs_engine "
+                                  f"import JobPolicy), got {policy!r}")
     return tuple(replace(spec, policy=value.get(spec.topic, spec.policy)) for spec in specs)
 
 

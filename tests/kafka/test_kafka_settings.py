@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
+from jobs_engine import DEFAULT_POLICY, RUN_ONCE_POLICY, JobPolicy
 from jobs_engine.errors import InvalidSettings
 from jobs_engine.registry import all_targets
 from jobs_engine.states import DeliveryMode
@@ -116,12 +117,29 @@ def test_bad_bootstrap_servers_name_the_field(value: Any, problem: str) -> None:
     ({"BATCH_SIZE": "lots"}, "BATCH_SIZE", "got 'lots'"),
     ({"BATCH_SIZE": True}, "BATCH_SIZE", "got True"),
     ({"BATCH_SIZE": 2.5}, "BATCH_SIZE", "got 2.5"),
+    ({"POLICIES": {"a": {"attempts": 1}}}, "POLICIES", "must be a JobPolicy"),
+    ({"POLICIES": {"a": "RUN_ONCE_POLICY"}}, "POLICIES", "must be a JobPolicy"),
+    ({"POLICIES": {"no/slash": RUN_ONCE_POLICY}}, "POLICIES", "not a Kafka topic"),
+    ({"POLICIES": [RUN_ONCE_POLICY]}, "POLICIES", "mapping of topic to JobPolicy"),
 ])
 def test_bad_values_name_their_field(kafka: dict[str, Any], field: str, problem: str) -> None:
     with pytest.raises(InvalidSettings) as err:
         parse(**{"BOOTSTRAP_SERVERS": "b:9092", **kafka})
     assert f"JOBS['KAFKA']['{field}']" in str(err.value)
     assert problem in str(err.value)
+
+
+def test_a_topic_gets_its_policy_or_the_default() -> None:
+    """A policy for a topic this process does not register is kept aside, not an error:
+    the environment may narrow EXTRA_TOPICS on one pod."""
+    keep_none = JobPolicy(keep_completed=0)
+    kafka = parse(BOOTSTRAP_SERVERS="b:9092", EXTRA_TOPICS="audit,billing:at_least_once",
+                  POLICIES={"billing": RUN_ONCE_POLICY, "audit": keep_none,
+                            "elsewhere": RUN_ONCE_POLICY})
+    assert [(spec.topic, spec.policy) for spec in kafka.extra_topics] == [
+        ("audit", keep_none), ("billing", RUN_ONCE_POLICY)]
+    assert parse(BOOTSTRAP_SERVERS="b:9092", EXTRA_TOPICS="x").extra_topics[0].policy is \
+        DEFAULT_POLICY
 
 
 def test_unknown_keys_and_wrong_type() -> None:
@@ -189,13 +207,15 @@ def test_ready_registers_the_configured_topics(settings: Any) -> None:
 
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:1",
                                "EXTRA_TOPICS": "jt.ready,jt.ready-alo:at_least_once",
-                               "BATCH_SIZE": 400}}
+                               "BATCH_SIZE": 400, "POLICIES": {"jt.ready-alo": RUN_ONCE_POLICY}}}
     try:
         apps.get_app_config("kafka_target").ready()
         assert get_target("kafka:jt.ready").batch_size == 400
         assert get_target("kafka:jt.ready").delivery_mode is DeliveryMode.AT_MOST_ONCE
         assert get_target("kafka:jt.ready-alo").delivery_mode is DeliveryMode.AT_LEAST_ONCE
         assert get_target("kafka:jt.ready").lane == "fast"
+        assert get_target("kafka:jt.ready").policy is DEFAULT_POLICY
+        assert get_target("kafka:jt.ready-alo").policy is RUN_ONCE_POLICY
     finally:
         unregister_target("kafka:jt.ready")
         unregister_target("kafka:jt.ready-alo")
