@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -138,6 +139,9 @@ class ManagedProcess:
     popen: subprocess.Popen[bytes]
     stdout_path: Path
     stderr_path: Path
+    # Its connections' application_name (libpq reads PGAPPNAME): its backends can be told
+    # apart in pg_stat_activity.
+    app_name: str = field(default="", init=False)
     _worker_id: str | None = field(default=None, init=False, repr=False)
 
     @property
@@ -238,13 +242,15 @@ class ProcessGroup:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         stdout_path = self.output_dir / f"{name}.stdout"
         stderr_path = self.output_dir / f"{name}.stderr"
+        app_name = f"{name} {secrets.token_hex(4)}"
         with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
             popen = subprocess.Popen(
                 [self.python, str(self.manage_py), command, *args], cwd=self.cwd,
-                env=self.env(**env), stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                start_new_session=True)
+                env={**self.env(**env), "PGAPPNAME": app_name}, stdout=out, stderr=err,
+                stdin=subprocess.DEVNULL, start_new_session=True)
         proc = self.new_process(name, " ".join([command, *args]), popen, stdout_path,
                                 stderr_path)
+        proc.app_name = app_name
         self.procs.append(proc)
         return proc
 

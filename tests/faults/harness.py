@@ -348,10 +348,30 @@ class FaultRun:
         self._fault(f"{what} {proc.name} (pid {proc.pid})")
         proc.send(signal.SIGSTOP)
         wait_until(lambda: stopped_state(proc.pid), 5, f"{proc.name} to stop", interval=0.01)
-        time.sleep(0.05)  # a statement it sent before the stop has finished by now
+        self.wait_statements_ended(proc)
         in_doubt = self.record_in_doubt(proc)
         self.log(f"{proc.name} stopped; {in_doubt} rows in hand recorded in doubt")
         return True
+
+    def wait_statements_ended(self, proc: ManagedProcess, timeout: float = 10) -> None:
+        """Wait until no statement ``proc`` (stopped) sent is still running in the server.
+
+        An in-flight mark or a claim it committed just before the stop is in hand only once
+        the server has run it; on a loaded machine that takes longer than any fixed pause."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with psycopg.connect(self.db_url, connect_timeout=3) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                        "AND state = 'active'", [proc.app_name]).fetchone()
+            except psycopg.Error as exc:
+                self.log(f"could not see the statements of {proc.name}: {exc}")
+                return
+            if row is not None and row[0] == 0:
+                return
+            time.sleep(0.01)
+        self.log(f"{proc.name} still had a statement running {timeout:.0f}s after its stop")
 
     def kill(self, proc: ManagedProcess) -> None:
         """SIGKILL ``proc`` mid-work: stopped first, its rows in hand recorded as in doubt,
