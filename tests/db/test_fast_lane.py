@@ -29,8 +29,8 @@ from jobs_engine.job import Job
 from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.models import Job as JobModel
 from jobs_engine.models import CompletedJob, Partition, TargetPause
+from jobs_engine.models import Job as JobModel
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race
 

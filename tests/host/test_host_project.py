@@ -142,6 +142,8 @@ def admin_pages(client):
             continue
         name = f"admin:{meta.app_label}_{meta.model_name}"
         expect(client, reverse(f"{name}_changelist"), 200)
+        if not meta.managed:  # no table (the targets' page lists the registry): no row
+            continue
         row = model._default_manager.first()
         if row is None:
             failures.append(f"FAIL {name}: no row to open its change page")
@@ -162,7 +164,8 @@ else:
     if not client.login(username="admin", password=os.environ["DJANGO_SUPERUSER_PASSWORD"]):
         failures.append("FAIL the superuser cannot log in")
     admin_pages(client)
-    expect(client, reverse("admin:jobs_engine_jobstat_changelist"), 200, 'data-total="3"')
+    # Seeded 3, and the job the worker delivered before this probe.
+    expect(client, reverse("admin:jobs_engine_jobstat_changelist"), 200, 'data-total="4"')
     expect(client, "/jobs/api/v1/docs", 200)
     expect(client, "/jobs/api/v1/jobs", 200, '"total"')
     expect(anonymous, "/jobs/metrics", 401)
@@ -409,7 +412,7 @@ def test_host_project(tmp_path: Path) -> None:
     installed = snapshot(site)
     write_settings(project, section, api=True)
     manage(python, project, env, "check", "--fail-level", "WARNING")
+    deliver_with_worker(python, project, env)  # its job is kept DONE for the probe's pages
     print(run([python, "probe.py", "full"], cwd=project, env=env))
-    deliver_with_worker(python, project, env)
     assert_untouched(site, installed, "with the extras")
     print(f"host project test: {time.monotonic() - started:.1f} s")

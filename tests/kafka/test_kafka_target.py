@@ -385,7 +385,7 @@ def test_record_over_the_topic_limit_is_dead_at_once(
     fine = put("kafka:jt.main", {"ok": 1}, key=unique("fine"), code="small")
     lane_worker(jobs).drain(now)
     dead = row(big)
-    assert (dead.status, dead.attempts) == (JobStatus.DEAD, 0)
+    assert (dead.status, dead.attempts) == (JobStatus.DEAD, 1)  # one try, no retry
     assert "DeadNow" in dead.last_error and "MSG_SIZE_TOO_LARGE" in dead.last_error
     assert gone(fine)
     assert pause_reason("kafka:jt.main") is None
@@ -411,7 +411,7 @@ def test_empty_value_is_dead_at_once(kafka_targets: Any, lane_worker: Any, reade
     topic = reader("jt.main")
     job_id = put("kafka:jt.main", None, key=unique("k"))
     lane_worker().drain(now)
-    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.DEAD, 0)
+    assert (row(job_id).status, row(job_id).attempts) == (JobStatus.DEAD, 1)  # one try
     assert "empty value" in row(job_id).last_error
     assert pause_reason("kafka:jt.main") is None
     assert topic.read() == []
