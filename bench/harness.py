@@ -362,6 +362,18 @@ def kafka_create_topics(bootstrap: str, topics: list[str]) -> None:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
+    # A topic just created answers NOT_LEADER until its partitions have leaders.
+    deadline = time.monotonic() + 60
+    while not all(_has_leaders(admin, topic) for topic in topics):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"kafka topics {topics} have no leaders after 60 s")
+        time.sleep(0.2)
+
+
+def _has_leaders(admin: Any, topic: str) -> bool:
+    found = admin.list_topics(topic, timeout=15).topics.get(topic)
+    return (found is not None and found.error is None and len(found.partitions) > 0
+            and all(p.leader >= 0 and p.error is None for p in found.partitions.values()))
 
 
 def kafka_end_offset(bootstrap: str, topic: str) -> int:
