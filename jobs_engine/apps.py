@@ -9,7 +9,11 @@ class JobsEngineConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from jobs_engine import checks  # noqa: F401  registers the system check
+        from jobs_engine import (
+            checks,  # noqa: F401  registers the system check
+            flows,
+        )
         from jobs_engine.conf import reset_settings_cache
 
         setting_changed.connect(reset_settings_cache)
+        flows.register_flow_target()

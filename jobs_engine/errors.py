@@ -73,6 +73,18 @@ class InvalidPolicy(JobsEngineError, ValueError):
         self.problem = problem
 
 
+class InvalidFlow(JobsEngineError, ValueError):
+    """A chain, batch or flow definition is malformed; ``field`` names what is wrong
+    (``steps[2].data``). Raised before anything is written."""
+
+    code = "invalid_flow"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid_flow: {field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
 # -- handler outcomes ---------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from jobs_engine.states import DeliveryMode, JobStatus, Lane
+from jobs_engine.states import DeliveryMode, FlowState, JobStatus, Lane, StepRole, StepState
 
 # The engine's permission: operators who hold it see and act on jobs and schedules.
 MANAGE_PERMISSION = "jobs_engine.manage_jobs"
@@ -123,6 +123,70 @@ class CompletedJob(models.Model):
 
     def __str__(self) -> str:
         return f"{self.target} #{self.id} (DONE)"
+
+
+class Flow(models.Model):
+    """Several jobs run as one unit (``jobs_engine.flows``): a chain of steps, or a batch of
+    jobs and a callback with all their results. Written with every step in the caller's
+    transaction; kept ``FLOW_RETENTION_DAYS`` after it finished."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=[("chain", "Chain"), ("batch", "Batch")])
+    state = models.CharField(max_length=10, choices=FlowState.choices,
+                             default=FlowState.RUNNING)
+    definition = models.CharField(max_length=200, blank=True, default="",
+                                  help_text="The defined flow it was started from, if any.")
+    tenant_id = models.CharField(max_length=200, null=True, blank=True)
+    steps_total = models.IntegerField()
+    steps_done = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_engine_flow"
+        indexes = [
+            models.Index(fields=["tenant_id", "state", "id"], name="jobs_flow_by_tenant"),
+            # Retention: finished flows older than FLOW_RETENTION_DAYS.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False),
+                         name="jobs_flow_finished"),
+        ]
+        permissions = [("manage_flows", "Can start, retry and cancel job flows")]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.id} ({self.state})"
+
+
+class FlowStep(models.Model):
+    """One step of a flow: its place, the target that runs it, its data, and once run its
+    result or error. ``job_id`` is the job that runs it now (a retry makes a new one)."""
+
+    id = models.BigAutoField(primary_key=True)
+    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, related_name="steps")
+    position = models.IntegerField(help_text="Order in the chain, or in the batch's results.")
+    role = models.CharField(max_length=8, choices=StepRole.choices)
+    name = models.CharField(max_length=200)
+    target = models.CharField(max_length=200)
+    data = models.JSONField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=StepState.choices,
+                             default=StepState.WAITING)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    attempts = models.IntegerField(default=0, help_text="Tries made, over every retry.")
+    last_error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_engine_flowstep"
+        constraints = [models.UniqueConstraint(fields=["flow", "position"],
+                                               name="jobs_flowstep_place")]
+        indexes = [models.Index(fields=["job_id"], condition=Q(job_id__isnull=False),
+                                name="jobs_flowstep_by_job")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (step {self.position} of flow {self.flow_id})"
 
 
 class RegisteredTarget(models.Model):

@@ -25,6 +25,33 @@ class JobStatus(models.TextChoices):
     DONE = "DONE", "Done"  # completed and kept, with its result (``models.CompletedJob``)
 
 
+class FlowState(models.TextChoices):
+    """A flow (``jobs_engine.flows``): RUNNING until every step completed, FAILED while a
+    step that exhausted its attempts waits for ``flows.retry``, CANCELLED by an operator."""
+
+    RUNNING = "RUNNING", "Running"
+    COMPLETED = "COMPLETED", "Completed"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+class StepState(models.TextChoices):
+    """One step of a flow: WAITING for the steps before it, QUEUED as a job of its target,
+    DONE with its result, FAILED with its job's error, CANCELLED before it ran."""
+
+    WAITING = "WAITING", "Waiting"
+    QUEUED = "QUEUED", "Queued"
+    DONE = "DONE", "Done"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+class StepRole(models.TextChoices):
+    STEP = "step", "Chain step"
+    JOB = "job", "Batch job"
+    CALLBACK = "callback", "Batch callback"
+
+
 class Lane(models.TextChoices):
     FAST = "fast", "Fast"
     LONG = "long", "Long"

@@ -21,7 +21,7 @@ from typing import NamedTuple
 from django.db import transaction
 from django.utils import timezone
 
-from jobs_engine import store
+from jobs_engine import flows, store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
@@ -167,6 +167,13 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             written.append(result)
         if outcome.pause_target:
             store.pause_set(job.target, now, settings.PROBE_S, outcome.error)
+    steps = [r for r in written if flows.is_flow_step(r.job)]
+    if steps:  # in the outcome's transaction: a step's end and what follows commit together
+        flows.advance(
+            [(r.job.id, r.job.attempts + 1, r.result_json) for r in steps  # type: ignore[misc]
+             if r.outcome.kind is OutcomeKind.OK],
+            [(r.job.id, r.job.attempts + 1, r.outcome.error) for r in steps  # type: ignore[misc]
+             if r.outcome.kind is OutcomeKind.DEAD], now)
     return written
 
 

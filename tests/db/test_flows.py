@@ -1,0 +1,217 @@
+"""Flows: a chain or a batch is written whole in the caller's transaction, or not at all,
+and malformed input is refused naming the field before anything is written."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from jobs_engine import flows
+from jobs_engine.errors import InvalidFlow
+from jobs_engine.flows import FLOW_TARGET, Step
+from jobs_engine.models import Flow, FlowStep, Job
+from jobs_engine.states import FlowState, StepRole, StepState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def flow_target() -> Any:
+    """The engine registers its flow target when the app is ready."""
+    from jobs_engine.registry import get_target
+
+    return get_target(FLOW_TARGET)
+
+
+def steps_of(flow_id: int) -> list[tuple[str, str, str, Any]]:
+    return [(s.role, s.name, s.state, s.data)
+            for s in FlowStep.objects.filter(flow_id=flow_id).order_by("position")]
+
+
+def test_a_chain_is_written_whole_with_its_first_step_queued(flow_target: Any) -> None:
+    with transaction.atomic():
+        flow_id = flows.chain("monthly-report", [Step("report.query", {"month": "2026-11"}),
+                                                 Step("report.render"), Step("report.mail")])
+    flow = Flow.objects.get(id=flow_id)
+    assert (flow.name, flow.kind, flow.state, flow.steps_total, flow.steps_done) == (
+        "monthly-report", "chain", FlowState.RUNNING, 3, 0)
+    assert steps_of(flow_id) == [
+        (StepRole.STEP, "report.query", StepState.QUEUED, {"month": "2026-11"}),
+        (StepRole.STEP, "report.render", StepState.WAITING, None),
+        (StepRole.STEP, "report.mail", StepState.WAITING, None)]
+    first = FlowStep.objects.get(flow_id=flow_id, position=0)
+    job = Job.objects.get(id=first.job_id)
+    assert (job.target, job.code, job.payload) == (FLOW_TARGET, "report.query",
+                                                   {"month": "2026-11"})
+    assert Job.objects.count() == 1  # the later steps wait: no job yet
+
+
+def test_a_batch_queues_every_job_and_keeps_its_callback_waiting(flow_target: Any,
+                                                                 targets: Any) -> None:
+    targets("exports:generate", lane="long")
+    flow_id = flows.batch("import", [Step("import.chunk", {"rows": [n]}) for n in range(3)]
+                          + [Step("export", {"n": 1}, target="exports:generate")],
+                          on_complete=Step("import.summary"), tenant_id="acme")
+    assert Flow.objects.get(id=flow_id).tenant_id == "acme"
+    assert [(role, name, state) for role, name, state, _ in steps_of(flow_id)] == [
+        *[(StepRole.JOB, "import.chunk", StepState.QUEUED)] * 3,
+        (StepRole.JOB, "export", StepState.QUEUED),
+        (StepRole.CALLBACK, "import.summary", StepState.WAITING)]
+    assert sorted(Job.objects.values_list("target", flat=True)) == [
+        "exports:generate", *[FLOW_TARGET] * 3]
+
+
+def test_target_on_the_call_is_every_unnamed_steps_default(targets: Any) -> None:
+    targets("exports:generate", lane="long")
+    targets("mail:send")
+    flows.chain("c", [Step("a"), Step("b", target="mail:send")], target="exports:generate")
+    assert list(FlowStep.objects.order_by("position").values_list("target", flat=True)) == [
+        "exports:generate", "mail:send"]
+
+
+def test_a_rollback_leaves_no_flow(flow_target: Any) -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        flows.chain("c", [Step("a"), Step("b")])
+        flows.batch("b", [Step("j")], on_complete=Step("done"))
+        raise RuntimeError("rolled back")
+    assert (Flow.objects.count(), FlowStep.objects.count(), Job.objects.count()) == (0, 0, 0)
+
+
+@pytest.mark.parametrize(("call", "field"), [
+    (lambda: flows.chain("c", []), "steps"),
+    (lambda: flows.chain("c", "abc"), "steps"),
+    (lambda: flows.chain("c", [Step("a"), "b"]), "steps[1]"),
+    (lambda: flows.chain("c", [Step(7)]), "steps[0].name"),  # type: ignore[arg-type]
+    (lambda: flows.chain("c", [Step("")]), "steps[0].name"),
+    (lambda: flows.chain("c", [Step("a", {"x": object()})]), "steps[0].data"),
+    (lambda: flows.chain("c", [Step("a", "\x00")]), "steps[0].data"),
+    (lambda: flows.chain("x" * 201, [Step("a")]), "name"),
+    (lambda: flows.chain(None, [Step("a")]), "name"),  # type: ignore[arg-type]
+    (lambda: flows.chain("c", [Step("a", target="nowhere")]), "steps[0].target"),
+    (lambda: flows.chain("c", [Step("a")], target="nowhere"), "target"),
+    (lambda: flows.chain("c", [Step("a")], tenant_id=5), "tenant_id"),  # type: ignore[arg-type]
+    (lambda: flows.batch("b", [], on_complete=Step("s")), "jobs"),
+    (lambda: flows.batch("b", [Step("j")], on_complete="s"), "on_complete"),  # type: ignore[arg-type]
+    (lambda: flows.batch("b", [Step("j")], on_complete=Step("s", [{1}])), "on_complete.data"),
+])
+def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
+        flow_target: Any, call: Any, field: str) -> None:
+    with pytest.raises(InvalidFlow) as raised:
+        call()
+    assert raised.value.field == field
+    assert str(raised.value).startswith(f"invalid_flow: {field}: ")
+    assert (Flow.objects.count(), FlowStep.objects.count(), Job.objects.count()) == (0, 0, 0)
+
+
+def test_register_step_refuses_a_name_that_is_not_a_string() -> None:
+    with pytest.raises(InvalidFlow, match="name"):
+        flows.register_step(3, lambda ctx: None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidFlow, match="handler"):
+        flows.register_step("a", "not callable")  # type: ignore[arg-type]
+
+
+# -- running: the long lane runs the steps, the outcome path advances the flow ---------------
+
+
+def drain(until: Any, rounds: int = 30) -> None:
+    """Run the long lane in this process (no threads) until ``until()`` or ``rounds``."""
+    import uuid
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs_engine.conf import load_settings
+    from jobs_engine.lanes.long import LongLane
+    from jobs_engine.lanes.pauses import PauseGate
+    from tests.helpers import FakeMonotonic
+
+    settings = load_settings({}, environ={})
+    worker_id = f"flows-{uuid.uuid4().hex[:6]}"
+    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings), threads=False,
+                    monotonic=FakeMonotonic())
+    at = timezone.now()
+    for _ in range(rounds):
+        if until():
+            return
+        lane.run_once(at)
+        at += timedelta(seconds=60)  # past any retry wait of the default policy
+
+
+@pytest.fixture
+def steps() -> Any:
+    """Register step handlers for one test; each call is recorded as (name, context)."""
+    calls: list[tuple[str, flows.StepContext]] = []
+    names: list[str] = []
+
+    def register(name: str, handler: Any) -> None:
+        def recorded(ctx: flows.StepContext) -> Any:
+            calls.append((name, ctx))
+            return handler(ctx)
+        flows.register_step(name, recorded)
+        names.append(name)
+
+    register.calls = calls  # type: ignore[attr-defined]
+    yield register
+    for name in names:
+        flows._step_handlers.pop(name, None)
+
+
+def flow_state(flow_id: int) -> str:
+    return Flow.objects.get(id=flow_id).state
+
+
+def test_a_chain_hands_each_step_the_previous_result(flow_target: Any, steps: Any) -> None:
+    steps("r.query", lambda ctx: {"rows": ctx.data["month"]})
+    steps("r.render", lambda ctx: f"report of {ctx.previous['rows']}")
+    steps("r.mail", lambda ctx: {"sent": ctx.previous, "tenant": ctx.tenant_id})
+    flow_id = flows.chain("monthly", [Step("r.query", {"month": "11"}), Step("r.render"),
+                                      Step("r.mail")], tenant_id="acme")
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    flow = Flow.objects.get(id=flow_id)
+    assert (flow.state, flow.steps_done) == (FlowState.COMPLETED, 3)
+    assert flow.finished_at is not None
+    assert [name for name, _ in steps.calls] == ["r.query", "r.render", "r.mail"]
+    assert [s.result for s in FlowStep.objects.filter(flow_id=flow_id).order_by("position")] == [
+        {"rows": "11"}, "report of 11", {"sent": "report of 11", "tenant": "acme"}]
+    assert all(ctx.flow_id == flow_id for _, ctx in steps.calls)
+
+
+def test_a_batch_callback_gets_every_result_in_order(flow_target: Any, steps: Any) -> None:
+    steps("chunk", lambda ctx: ctx.data * 10)
+    steps("summary", lambda ctx: sum(ctx.results))
+    flow_id = flows.batch("import", [Step("chunk", n) for n in range(5)],
+                          on_complete=Step("summary"))
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    callback = FlowStep.objects.get(flow_id=flow_id, role=StepRole.CALLBACK)
+    assert flow_state(flow_id) == FlowState.COMPLETED
+    assert steps.calls[-1][1].results == (0, 10, 20, 30, 40)
+    assert callback.result == 100
+
+
+def test_a_failed_step_fails_the_flow_and_the_rest_wait(flow_target: Any, steps: Any) -> None:
+    steps("one", lambda ctx: 1)
+
+    def broken(ctx: flows.StepContext) -> Any:
+        raise RuntimeError("render broke")
+
+    steps("two", broken)
+    steps("three", lambda ctx: 3)
+    flow_id = flows.chain("c", [Step("one"), Step("two"), Step("three")])
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    assert flow_state(flow_id) == FlowState.FAILED
+    states = dict(FlowStep.objects.filter(flow_id=flow_id).values_list("name", "state"))
+    assert states == {"one": StepState.DONE, "two": StepState.FAILED,
+                      "three": StepState.WAITING}
+    two = FlowStep.objects.get(flow_id=flow_id, name="two")
+    assert (two.attempts, two.last_error) == (3, "RuntimeError: render broke (attempt 3 of 3)")
+    assert [name for name, _ in steps.calls].count("three") == 0
+
+
+def test_an_unknown_step_name_fails_that_step_never_completes_it(flow_target: Any) -> None:
+    flow_id = flows.chain("c", [Step("nobody.handles.this")])
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    step = FlowStep.objects.get(flow_id=flow_id)
+    assert (flow_state(flow_id), step.state) == (FlowState.FAILED, StepState.FAILED)
+    assert "no step handler registered for nobody.handles.this" in step.last_error
