@@ -154,6 +154,26 @@ class InvalidStatus(OperationRefused):
     code = "invalid_status"
 
 
+class FlowNotFound(NotFound):
+    """No flow with that id, or one of another tenant (the same answer: 404)."""
+
+    def __init__(self, flow_id: Any) -> None:
+        super().__init__(f"flow {clean(flow_id, 40)} does not exist")
+        self.flow_id = flow_id
+
+
+class FlowRunning(InvalidStatus):
+    """Cancel while one of the flow's steps is running: nothing changed."""
+
+    code = "flow_running"
+
+
+class NothingToRetry(InvalidStatus):
+    """Retry of a flow with no failed step: nothing changed."""
+
+    code = "nothing_to_retry"
+
+
 # -- configuration ------------------------------------------------------------------------
 
 

@@ -23,13 +23,22 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
-from jobs_engine import registry
+from jobs_engine import registry, store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.enqueueing import enqueue_many
-from jobs_engine.errors import DeadNow, InvalidFlow
+from jobs_engine.errors import (
+    DeadNow,
+    FlowNotFound,
+    FlowRunning,
+    InvalidFlow,
+    InvalidStatus,
+    NothingToRetry,
+)
 from jobs_engine.job import Job
 from jobs_engine.models import Flow, FlowStep
+from jobs_engine.models import Job as JobRow
 from jobs_engine.states import FlowState, StepRole, StepState
 from jobs_engine.text import json_text, storable
 
@@ -286,3 +295,63 @@ def register_flow_target() -> None:
     if FLOW_TARGET not in {target.name for target in registry.all_targets()}:
         registry.register_target(FLOW_TARGET, run_step, lane="long",
                                  delivery_mode="at_least_once")
+
+
+# -- operator actions --------------------------------------------------------------------------
+
+
+def retry(flow_id: int, *, tenant_id: str | None = None) -> int:
+    """Queue the failed steps again with a fresh set of attempts; the flow carries on and
+    completed steps never run again. Returns how many steps were queued. ``tenant_id``:
+    the caller's tenant (None: the platform operator, who sees every tenant)."""
+    with transaction.atomic():
+        flow = _locked(flow_id, tenant_id)
+        failed = list(flow.steps.filter(state=StepState.FAILED).order_by("position"))
+        if flow.state != FlowState.FAILED or not failed:
+            raise NothingToRetry(f"flow {flow.id} is {flow.state}: no failed step to retry")
+        for step in failed:
+            if step.job_id is not None:  # the DEAD job that ran it: replaced, not run twice
+                store.job_delete_if_dead(step.job_id)
+        queue(failed, None)
+        Flow.objects.filter(id=flow.id).update(state=FlowState.RUNNING, finished_at=None,
+                                               updated_at=timezone.now())
+    return len(failed)
+
+
+def cancel(flow_id: int, *, tenant_id: str | None = None) -> int:
+    """Drop every step that has not run and mark the flow CANCELLED; returns how many steps
+    were dropped. Refused (``FlowRunning``), changing nothing, while a step runs."""
+    with transaction.atomic():
+        flow = _locked(flow_id, tenant_id)
+        if flow.state in (FlowState.COMPLETED, FlowState.CANCELLED):
+            raise InvalidStatus(f"flow {flow.id} is {flow.state}: nothing to cancel")
+        queued = list(flow.steps.filter(state=StepState.QUEUED))
+        for step in queued:
+            if step.job_id is not None and store.job_delete_if_not_started(step.job_id) is None \
+                    and _job_exists(step.job_id):
+                raise FlowRunning(f"flow {flow.id}: step {step.position} ({step.name}) is "
+                                  "running; cancel it once the step has finished")
+        now = timezone.now()
+        dropped = flow.steps.filter(state__in=[StepState.QUEUED, StepState.WAITING]).update(
+            state=StepState.CANCELLED, finished_at=now)
+        Flow.objects.filter(id=flow.id).update(state=FlowState.CANCELLED, finished_at=now,
+                                               updated_at=now)
+    return dropped
+
+
+def _locked(flow_id: Any, tenant_id: str | None) -> Flow:
+    """The flow, locked for this transaction; another tenant's is not found, like an
+    unknown id."""
+    if isinstance(flow_id, bool) or not isinstance(flow_id, int):
+        raise FlowNotFound(flow_id)
+    flows = Flow.objects.select_for_update().filter(id=flow_id)
+    if tenant_id is not None:
+        flows = flows.filter(tenant_id=tenant_id)
+    flow = flows.first()
+    if flow is None:
+        raise FlowNotFound(flow_id)
+    return flow
+
+
+def _job_exists(job_id: int) -> bool:
+    return JobRow.objects.filter(id=job_id).exists()

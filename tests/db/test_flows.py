@@ -215,3 +215,77 @@ def test_an_unknown_step_name_fails_that_step_never_completes_it(flow_target: An
     step = FlowStep.objects.get(flow_id=flow_id)
     assert (flow_state(flow_id), step.state) == (FlowState.FAILED, StepState.FAILED)
     assert "no step handler registered for nobody.handles.this" in step.last_error
+
+
+# -- retry and cancel ----------------------------------------------------------------------------
+
+
+def test_retry_queues_only_the_failed_step_and_the_flow_carries_on(flow_target: Any,
+                                                                   steps: Any) -> None:
+    fixed = {"render": False}
+
+    def render(ctx: flows.StepContext) -> Any:
+        if not fixed["render"]:
+            raise RuntimeError("render broke")
+        return f"rendered {ctx.previous}"
+
+    steps("one", lambda ctx: 1)
+    steps("two", render)
+    steps("three", lambda ctx: {"got": ctx.previous})
+    flow_id = flows.chain("c", [Step("one"), Step("two"), Step("three")])
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    assert flow_state(flow_id) == FlowState.FAILED
+    fixed["render"] = True
+    assert flows.retry(flow_id) == 1
+    assert flow_state(flow_id) == FlowState.RUNNING
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    assert flow_state(flow_id) == FlowState.COMPLETED
+    names = [name for name, _ in steps.calls]
+    assert names.count("one") == 1 and names.count("three") == 1
+    assert FlowStep.objects.get(flow_id=flow_id, name="three").result == {"got": "rendered 1"}
+    assert FlowStep.objects.get(flow_id=flow_id, name="two").attempts == 4  # 3 failed, 1 ok
+    assert not Job.objects.filter(status="DEAD").exists()  # the failed job was replaced
+
+
+def test_retry_with_nothing_failed_is_refused(flow_target: Any, steps: Any) -> None:
+    from jobs_engine.errors import NothingToRetry
+
+    flow_id = flows.chain("c", [Step("a")])
+    with pytest.raises(NothingToRetry, match="no failed step"):
+        flows.retry(flow_id)
+    assert flow_state(flow_id) == FlowState.RUNNING
+
+
+def test_cancel_drops_what_has_not_run(flow_target: Any, steps: Any) -> None:
+    flow_id = flows.chain("c", [Step("a"), Step("b")])
+    assert flows.cancel(flow_id) == 2
+    assert flow_state(flow_id) == FlowState.CANCELLED
+    assert set(FlowStep.objects.values_list("state", flat=True)) == {StepState.CANCELLED}
+    assert not Job.objects.exists()
+
+
+def test_cancel_while_a_step_runs_is_refused_and_changes_nothing(flow_target: Any,
+                                                                 steps: Any) -> None:
+    from django.utils import timezone
+
+    from jobs_engine.errors import FlowRunning
+
+    flow_id = flows.chain("c", [Step("a"), Step("b")])
+    first = FlowStep.objects.get(flow_id=flow_id, position=0)
+    Job.objects.filter(id=first.job_id).update(status="RUNNING", started_at=timezone.now(),
+                                               claim_token="t", claimed_by="w")
+    with pytest.raises(FlowRunning, match="step 0 \\(a\\) is running"):
+        flows.cancel(flow_id)
+    assert flow_state(flow_id) == FlowState.RUNNING
+    assert list(FlowStep.objects.filter(flow_id=flow_id).order_by("position")
+                .values_list("state", flat=True)) == [StepState.QUEUED, StepState.WAITING]
+    assert Job.objects.filter(id=first.job_id, status="RUNNING").exists()
+
+
+def test_another_tenants_flow_is_not_found(flow_target: Any) -> None:
+    from jobs_engine.errors import FlowNotFound
+
+    flow_id = flows.chain("c", [Step("a")], tenant_id="b")
+    with pytest.raises(FlowNotFound):
+        flows.cancel(flow_id, tenant_id="a")
+    assert flow_state(flow_id) == FlowState.RUNNING
