@@ -40,7 +40,7 @@ from jobs_engine.job import Job
 from jobs_engine.models import Flow, FlowStep
 from jobs_engine.models import Job as JobRow
 from jobs_engine.states import FlowState, StepRole, StepState
-from jobs_engine.text import json_text, storable
+from jobs_engine.text import clean, json_text, storable
 
 FLOW_TARGET = "jobs_engine:flow"
 # A step's job carries this dedupe key prefix, so the outcome path looks for flow steps
@@ -355,3 +355,76 @@ def _locked(flow_id: Any, tenant_id: str | None) -> Flow:
 
 def _job_exists(job_id: int) -> bool:
     return JobRow.objects.filter(id=job_id).exists()
+
+
+# -- defined flows: startable by name, from code, the admin or the API -----------------------
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """What a definition's builder returns for a chain (``chain``'s arguments)."""
+
+    steps: Sequence[Step]
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What a definition's builder returns for a batch (``batch``'s arguments)."""
+
+    jobs: Sequence[Step]
+    on_complete: Step
+    target: str | None = None
+
+
+@dataclass(frozen=True)
+class Definition:
+    name: str
+    builder: Callable[[Any], ChainSpec | BatchSpec]
+    description: str
+
+
+_definitions: dict[str, Definition] = {}
+
+
+def define(name: str, builder: Callable[[Any], ChainSpec | BatchSpec],
+           description: str) -> Definition:
+    """Declare a flow operators can start by name with an input; ``builder(input)``
+    returns its chain or batch (and may raise ``InvalidFlow`` to refuse the input)."""
+    _check_name("name", name)
+    if not callable(builder):
+        raise InvalidFlow("builder", f"must be callable, got {type(builder).__name__}")
+    if not isinstance(description, str):
+        raise InvalidFlow("description", f"must be a string, got {type(description).__name__}")
+    definition = _definitions[name] = Definition(name, builder, description)
+    return definition
+
+
+def definitions() -> list[Definition]:
+    return sorted(_definitions.values(), key=lambda d: d.name)
+
+
+def start(name: str, input: Any = None, *, tenant_id: str | None = None,
+          using: str | None = None) -> int:
+    """Start the defined flow ``name`` with ``input``; returns the flow's id. An unknown
+    name, an input that is not JSON or that the builder refuses: ``InvalidFlow``, nothing
+    written."""
+    if not isinstance(name, str) or name not in _definitions:
+        raise InvalidFlow("name", f"no flow named {clean(name, 200)!r} is defined")
+    try:
+        json_text(input, jobs_settings().MAX_PAYLOAD_BYTES)
+    except ValueError as exc:
+        raise InvalidFlow("input", str(exc)) from None
+    spec = _definitions[name].builder(input)
+    with transaction.atomic(using=using):
+        if isinstance(spec, ChainSpec):
+            flow_id = chain(name, spec.steps, tenant_id=tenant_id, target=spec.target,
+                            using=using)
+        elif isinstance(spec, BatchSpec):
+            flow_id = batch(name, spec.jobs, spec.on_complete, tenant_id=tenant_id,
+                            target=spec.target, using=using)
+        else:
+            raise InvalidFlow("builder", f"the builder of {name} returned "
+                                         f"{type(spec).__name__}, not a ChainSpec or BatchSpec")
+        Flow.objects.using(using).filter(id=flow_id).update(definition=name)
+    return flow_id

@@ -289,3 +289,41 @@ def test_another_tenants_flow_is_not_found(flow_target: Any) -> None:
     with pytest.raises(FlowNotFound):
         flows.cancel(flow_id, tenant_id="a")
     assert flow_state(flow_id) == FlowState.RUNNING
+
+
+# -- defined flows ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def monthly() -> Any:
+    def build(month: Any) -> flows.ChainSpec:
+        if not isinstance(month, str):
+            raise InvalidFlow("input", "must be a month such as '2026-11'")
+        return flows.ChainSpec([Step("report.query", {"month": month}), Step("report.render")])
+
+    definition = flows.define("monthly-report", build, "Build and mail the monthly report")
+    yield definition
+    flows._definitions.pop("monthly-report", None)
+
+
+def test_a_defined_flow_starts_by_name(flow_target: Any, monthly: Any) -> None:
+    assert monthly in flows.definitions()
+    flow_id = flows.start("monthly-report", "2026-11", tenant_id="acme")
+    flow = Flow.objects.get(id=flow_id)
+    assert (flow.name, flow.definition, flow.kind, flow.tenant_id) == (
+        "monthly-report", "monthly-report", "chain", "acme")
+    assert FlowStep.objects.get(flow=flow, position=0).data == {"month": "2026-11"}
+
+
+@pytest.mark.parametrize(("name", "value", "field"), [
+    ("nobody-defined-this", "2026-11", "name"),
+    (None, "2026-11", "name"),
+    ("monthly-report", 11, "input"),  # the builder refuses it
+    ("monthly-report", {"x": {1, 2}}, "input"),  # not JSON
+])
+def test_start_refuses_an_unknown_name_or_a_bad_input_and_writes_nothing(
+        flow_target: Any, monthly: Any, name: Any, value: Any, field: str) -> None:
+    with pytest.raises(InvalidFlow) as raised:
+        flows.start(name, value)
+    assert raised.value.field == field
+    assert (Flow.objects.count(), FlowStep.objects.count(), Job.objects.count()) == (0, 0, 0)
