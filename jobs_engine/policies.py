@@ -18,6 +18,7 @@ Declare the policy in the module that names the target, the one every caller imp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from jobs_engine.errors import InvalidPolicy
@@ -33,8 +34,7 @@ class JobPolicy:
     def __post_init__(self) -> None:
         _whole("attempts", self.attempts, least=1)
         if isinstance(self.backoff_s, bool) or not isinstance(self.backoff_s, int | float) \
-                or self.backoff_s != self.backoff_s or self.backoff_s < 0 \
-                or self.backoff_s == float("inf"):
+                or not math.isfinite(self.backoff_s) or self.backoff_s < 0:
             raise InvalidPolicy("backoff_s", f"must be a number of seconds >= 0, "
                                              f"got {self.backoff_s!r}")
         _whole("keep_completed", self.keep_completed, least=0)

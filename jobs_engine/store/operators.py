@@ -177,9 +177,22 @@ def _beyond_newest(table: str, where: str, order: str) -> str:
             f"LIMIT %s OFFSET %s{skip_locked()}")
 
 
+def _targets_where(table: str, where: str, params: Sequence[Any]) -> list[str]:
+    """The distinct targets of ``table``'s rows matching ``where``, read off an index led by
+    ``target`` one target at a time (a loose index scan): a handful of index probes however
+    many rows each target has, where ``SELECT DISTINCT`` would read every entry. ``where``
+    names the columns unqualified (the inner query's row is the one tested)."""
+    rows = fetch(
+        f"WITH RECURSIVE t(target) AS (SELECT min(target) FROM {table} WHERE {where} "
+        f"UNION ALL SELECT (SELECT min(j.target) FROM {table} j WHERE {where} "
+        "AND j.target > t.target) FROM t WHERE t.target IS NOT NULL) "
+        "SELECT target FROM t WHERE target IS NOT NULL", [*params, *params])
+    return [t for (t,) in rows]
+
+
 def done_targets() -> list[str]:
-    """The targets that have completed jobs kept."""
-    return [t for (t,) in fetch(f"SELECT DISTINCT target FROM {DONE_JOBS}")]
+    """The targets that have completed jobs kept (index ``jobs_done_by_target``)."""
+    return _targets_where(DONE_JOBS, "TRUE", [])
 
 
 def done_prune_beyond(target: str, keep: int, limit: int) -> int:
@@ -193,9 +206,8 @@ def done_prune_beyond(target: str, keep: int, limit: int) -> int:
 
 
 def dead_targets() -> list[str]:
-    """The targets that have DEAD jobs."""
-    return [t for (t,) in fetch(f"SELECT DISTINCT target FROM {JOBS} WHERE status = %s",
-                                [DEAD.value])]
+    """The targets that have DEAD jobs (index ``jobs_dead_by_target``)."""
+    return _targets_where(JOBS, "status = %s", [DEAD.value])
 
 
 def dead_prune_beyond(target: str, keep: int, limit: int) -> int:
@@ -210,15 +222,10 @@ def dead_prune_beyond(target: str, keep: int, limit: int) -> int:
 def pending_targets() -> list[str]:
     """The targets that have PENDING rows: fast-lane ones read off the poll's index one
     target at a time (a loose index scan), long-lane ones from theirs."""
-    fast = fetch(
-        f"WITH RECURSIVE t(target) AS (SELECT min(target) FROM {JOBS} WHERE status = %s "
-        f"AND lane = %s UNION ALL SELECT (SELECT min(j.target) FROM {JOBS} j "
-        "WHERE j.status = %s AND j.lane = %s AND j.target > t.target) FROM t "
-        "WHERE t.target IS NOT NULL) SELECT target FROM t WHERE target IS NOT NULL",
-        [PENDING.value, Lane.FAST.value, PENDING.value, Lane.FAST.value])
+    fast = _targets_where(JOBS, "status = %s AND lane = %s", [PENDING.value, Lane.FAST.value])
     long = fetch(f"SELECT DISTINCT target FROM {JOBS} WHERE status = %s AND lane = %s",
                  [PENDING.value, Lane.LONG.value])
-    return sorted({t for (t,) in fast} | {t for (t,) in long})
+    return sorted({*fast, *(t for (t,) in long)})
 
 
 def jobs_close_unhandled(target: str, due_before: datetime, now: datetime, limit: int

@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from django.utils import timezone
 
 from jobs_engine.enqueueing import enqueue
@@ -38,6 +39,13 @@ def manager(username: str = "manager") -> User:
     user.user_permissions.add(Permission.objects.get(codename="manage_jobs",
                                                      content_type__app_label="jobs_engine"))
     return User.objects.get(pk=user.pk)  # fresh: no cached permissions
+
+
+def manager_client() -> Client:
+    """A test client logged in as ``manager()``."""
+    client = Client()
+    client.force_login(manager())
+    return client
 
 
 def staff(username: str = "staff") -> User:

@@ -24,7 +24,7 @@ from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.models import AuditRecord, Job, TargetPause
 from jobs_engine.operators import queries
 from jobs_engine.states import JobStatus
-from tests.db.operator_helpers import make_job, manager, staff
+from tests.db.operator_helpers import make_job, manager_client, staff
 from tests.helpers import FakeMonotonic
 
 pytestmark = pytest.mark.django_db
@@ -34,9 +34,7 @@ CHANGELIST = reverse("admin:jobs_engine_job_changelist")
 
 @pytest.fixture
 def client() -> Client:
-    admin_client = Client()
-    admin_client.force_login(manager())
-    return admin_client
+    return manager_client()
 
 
 def listed(response: Any) -> list[int]:

@@ -18,7 +18,7 @@ from jobs_engine.models import AuditRecord, Job, Partition
 from jobs_engine.operators import queries
 from jobs_engine.operators.api import MAX_BODY_BYTES
 from jobs_engine.states import JobStatus
-from tests.db.operator_helpers import make_job, manager, staff
+from tests.db.operator_helpers import make_job, manager, manager_client, staff
 from tests.helpers import race
 
 pytestmark = pytest.mark.django_db
@@ -29,9 +29,7 @@ JOBS = "/jobs/api/v1/jobs"
 @pytest.fixture
 def client() -> Client:
     """Logged in as an engine manager."""
-    api_client = Client()
-    api_client.force_login(manager())
-    return api_client
+    return manager_client()
 
 
 def assert_error(response: Any, status_code: int, code: str) -> dict[str, Any]:

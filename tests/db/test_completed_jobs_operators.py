@@ -17,7 +17,7 @@ from jobs_engine import RUN_ONCE_POLICY, JobPolicy
 from jobs_engine.models import AuditRecord, CompletedJob
 from jobs_engine.operators import metrics
 from jobs_engine.states import JobStatus
-from tests.db.operator_helpers import make_job, manager
+from tests.db.operator_helpers import make_job, manager_client
 from tests.db.test_stats import families
 
 pytestmark = pytest.mark.django_db
@@ -30,9 +30,7 @@ TARGETS = reverse("admin:jobs_engine_registeredtarget_changelist")
 
 @pytest.fixture
 def client() -> Client:
-    logged_in = Client()
-    logged_in.force_login(manager())
-    return logged_in
+    return manager_client()
 
 
 def completed(job_id: int, target: str, result: Any = None, **fields: Any) -> CompletedJob:

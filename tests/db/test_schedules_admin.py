@@ -21,7 +21,7 @@ from django.utils.html import strip_tags
 
 from jobs_engine.models import AuditRecord, Job
 from schedules.models import Schedule
-from tests.db.operator_helpers import manager, staff
+from tests.db.operator_helpers import manager_client, staff
 from tests.db.schedule_helpers import declared_schedule, state
 
 pytestmark = pytest.mark.django_db
@@ -33,9 +33,7 @@ BERLIN = ZoneInfo("Europe/Berlin")
 
 @pytest.fixture
 def client() -> Client:
-    admin_client = Client()
-    admin_client.force_login(manager())
-    return admin_client
+    return manager_client()
 
 
 @pytest.fixture

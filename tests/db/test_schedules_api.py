@@ -20,7 +20,7 @@ from jobs_engine import store
 from jobs_engine.models import AuditRecord, Job
 from jobs_engine.operators.api import MAX_BODY_BYTES
 from schedules.models import Schedule
-from tests.db.operator_helpers import manager, staff
+from tests.db.operator_helpers import manager, manager_client, staff
 from tests.db.schedule_helpers import declared_schedule, state
 
 pytestmark = pytest.mark.django_db
@@ -33,9 +33,7 @@ BERLIN = ZoneInfo("Europe/Berlin")
 @pytest.fixture
 def client() -> Client:
     """Logged in as an engine manager."""
-    api_client = Client()
-    api_client.force_login(manager())
-    return api_client
+    return manager_client()
 
 
 @pytest.fixture
