@@ -32,6 +32,9 @@ class JobsSettings:
     TICK_S: float = 15
     GRACE_S: float = 60
     DEAD_TTL_DAYS: float = 30
+    # A flow and its step jobs stay this long after the flow finished (failed ones too: a
+    # flow can be resumed as long as its failed step's job exists).
+    FLOW_RETENTION_DAYS: float = 7
     # Retention: how often a worker prunes completed and DEAD jobs past their targets'
     # keep counts (and DEAD ones past DEAD_TTL_DAYS).
     RETENTION_S: float = 60
@@ -71,7 +74,7 @@ class JobsSettings:
         for name in positive:
             if not getattr(self, name) > 0:
                 found.append((name, f"must be greater than 0, got {getattr(self, name)!r}"))
-        for name in ("GRACE_S", "DEAD_TTL_DAYS", "UNHANDLED_GRACE_S"):
+        for name in ("GRACE_S", "DEAD_TTL_DAYS", "FLOW_RETENTION_DAYS", "UNHANDLED_GRACE_S"):
             if getattr(self, name) < 0:
                 found.append((name, f"must not be negative, got {getattr(self, name)!r}"))
         for name in ("IDLE_POLL_S",):

@@ -44,8 +44,9 @@ from jobs_engine.text import clean, json_text, storable
 
 FLOW_TARGET = "jobs_engine:flow"
 # A step's job carries this dedupe key prefix, so the outcome path looks for flow steps
-# only among such jobs (the step itself is found by job id, never by the key).
-STEP_DEDUPE_PREFIX = "flow-step:"
+# only among such jobs (the step itself is found by job id, never by the key), and
+# retention leaves such jobs to their flow.
+STEP_DEDUPE_PREFIX = store.FLOW_STEP_KEY_PREFIX
 NAME_LIMIT = 200  # the name columns of ``Flow`` and ``FlowStep``
 
 
@@ -265,7 +266,7 @@ def advance(done: Sequence[tuple[int, int, str | None]],
             step.state, step.last_error = StepState.FAILED, payload or ""
             step.save(update_fields=["state", "last_error", "attempts", "finished_at"])
             Flow.objects.filter(id=flow.id, state=FlowState.RUNNING).update(
-                state=FlowState.FAILED, updated_at=now)
+                state=FlowState.FAILED, finished_at=now, updated_at=now)
 
 
 def _after_done(flow: Flow, step: FlowStep, now: datetime) -> None:

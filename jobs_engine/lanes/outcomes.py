@@ -128,16 +128,20 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     written: list[RunResult] = []
     # Completed jobs: those of targets that keep none in one statement, the others per
     # target (each keeps its own newest ``keep_completed``).
-    done: dict[str | None, list[RunResult]] = defaultdict(list)
+    # A flow's step jobs are all kept, whatever their target's policy: they stay as long
+    # as their flow (``FLOW_RETENTION_DAYS``).
+    done: dict[tuple[str | None, bool], list[RunResult]] = defaultdict(list)
     others: list[RunResult] = []
     for result in results:
         if result.outcome.kind is OutcomeKind.OK:
-            keeps = policy_for(result.job.target).keep_completed > 0
-            done[result.job.target if keeps else None].append(result)
+            step = flows.is_flow_step(result.job)
+            keeps = step or policy_for(result.job.target).keep_completed > 0
+            done[(result.job.target, step) if keeps else (None, False)].append(result)
         else:
             others.append(result)
-    for target, group in done.items():
-        keep = 0 if target is None else policy_for(target).keep_completed
+    for (target, step), group in done.items():
+        keep = (len(group) if step else 0 if target is None
+                else policy_for(target).keep_completed)
         matched = store.jobs_done(guard, [
             store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
                        now - timedelta(milliseconds=r.duration_ms), r.duration_ms)

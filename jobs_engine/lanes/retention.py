@@ -7,6 +7,8 @@ so the heartbeat is never late:
   target (its policy; ``DEFAULT_POLICY`` for a target this process does not know) and
   removes the rest, in small batches;
 - removes DEAD jobs closed more than ``DEAD_TTL_DAYS`` ago, whatever the counts;
+- removes flows finished more than ``FLOW_RETENTION_DAYS`` ago, with their steps and their
+  step jobs (which the counts and the TTL above leave alone);
 - closes as DEAD the PENDING rows of targets no handler here takes that have been due for
   ``UNHANDLED_GRACE_S`` (a deploy removed the target, a typo in a data migration): "no
   handler registered for <target>". The grace lets a rolling deploy bring up the workers of
@@ -23,6 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from django.db import transaction
+
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.registry import all_targets, policy_for
@@ -38,6 +42,7 @@ BUDGET_S = 2.0
 class RetentionCounts:
     completed: int = 0  # completed jobs removed past their target's keep_completed
     failed: int = 0  # DEAD jobs removed past keep_failed or DEAD_TTL_DAYS
+    flows: int = 0  # flows removed FLOW_RETENTION_DAYS after they finished, with their jobs
     unhandled: int = 0  # PENDING rows closed DEAD: no handler registered
 
 
@@ -80,11 +85,20 @@ class RetentionService:
         cutoff = now - timedelta(days=self.settings.DEAD_TTL_DAYS)
         counts.failed += self._drain(
             lambda: store.jobs_delete_dead_closed_before(cutoff, self.batch), deadline)
+        flows_cutoff = now - timedelta(days=self.settings.FLOW_RETENTION_DAYS)
+        counts.flows = self._drain(lambda: self._delete_flows(flows_cutoff), deadline)
         counts.unhandled = self._close_unhandled(now)
-        if counts.completed or counts.failed or counts.unhandled:
-            logger.info("retention removed completed=%s failed=%s; closed unhandled=%s",
-                        counts.completed, counts.failed, counts.unhandled)
+        if counts.completed or counts.failed or counts.flows or counts.unhandled:
+            logger.info("retention removed completed=%s failed=%s flows=%s; closed "
+                        "unhandled=%s", counts.completed, counts.failed, counts.flows,
+                        counts.unhandled)
         return counts
+
+    def _delete_flows(self, cutoff: datetime) -> int:
+        """One batch of flows finished before ``cutoff``, each with its steps and their jobs
+        (one transaction: a flow never loses its steps alone)."""
+        with transaction.atomic():
+            return store.flows_delete(store.flows_finished_before(cutoff, self.batch))
 
     def _drain(self, step: Callable[[], int], deadline: float) -> int:
         """``step`` (one batch) again while it fills a batch and time is left."""

@@ -23,7 +23,17 @@ from jobs_engine.store.dialect import (
     read_dt,
     skip_locked,
 )
-from jobs_engine.store.queue import DONE_JOBS, JOB_STATS, JOBS, PARTITIONS, WORKERS, ClosedJob
+from jobs_engine.store.queue import (
+    DONE_JOBS,
+    FLOW_STEP_KEY_PREFIX,
+    FLOW_STEPS,
+    FLOWS,
+    JOB_STATS,
+    JOBS,
+    PARTITIONS,
+    WORKERS,
+    ClosedJob,
+)
 
 __all__ = [
     "CANCEL",
@@ -40,6 +50,8 @@ __all__ = [
     "done_counts",
     "done_prune_beyond",
     "done_targets",
+    "flows_delete",
+    "flows_finished_before",
     "job_delete_if_dead",
     "job_delete_if_not_started",
     "job_info_row",
@@ -177,6 +189,11 @@ def _beyond_newest(table: str, where: str, order: str) -> str:
             f"LIMIT %s OFFSET %s{skip_locked()}")
 
 
+# A flow's step jobs are kept and removed with their flow (``flows_delete``).
+_NOT_STEP = "dedupe_key NOT LIKE %s"
+_STEP_KEYS = FLOW_STEP_KEY_PREFIX + "%"
+
+
 def _targets_where(table: str, where: str, params: Sequence[Any]) -> list[str]:
     """The distinct targets of ``table``'s rows matching ``where``, read off an index led by
     ``target`` one target at a time (a loose index scan): a handful of index probes however
@@ -201,8 +218,8 @@ def done_prune_beyond(target: str, keep: int, limit: int) -> int:
     assert PRUNE_DONE.sources == (DONE,)
     return execute(
         f"DELETE FROM {DONE_JOBS} WHERE id IN ("
-        f"{_beyond_newest(DONE_JOBS, 'target = %s', 'finished_at')})",
-        [target, limit, keep])
+        f"{_beyond_newest(DONE_JOBS, f'target = %s AND {_NOT_STEP}', 'finished_at')})",
+        [target, _STEP_KEYS, limit, keep])
 
 
 def dead_targets() -> list[str]:
@@ -215,8 +232,8 @@ def dead_prune_beyond(target: str, keep: int, limit: int) -> int:
     ``jobs_dead_by_target``)."""
     return execute(
         f"DELETE FROM {JOBS} WHERE id IN ("
-        f"{_beyond_newest(JOBS, 'status = %s AND target = %s', 'closed_at')})",
-        [*PRUNE.source_values, target, limit, keep])
+        f"{_beyond_newest(JOBS, f'status = %s AND target = %s AND {_NOT_STEP}', 'closed_at')})",
+        [*PRUNE.source_values, target, _STEP_KEYS, limit, keep])
 
 
 def pending_targets() -> list[str]:
@@ -248,9 +265,30 @@ def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
     ``jobs_status_closed``). Rows another worker is deleting right now are skipped."""
     return execute(
         f"DELETE FROM {JOBS} WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s "
-        f"AND closed_at < %s ORDER BY closed_at LIMIT %s{skip_locked()})",
-        [*PRUNE.source_values, dt(cutoff), limit],
+        f"AND closed_at < %s AND {_NOT_STEP} ORDER BY closed_at LIMIT %s{skip_locked()})",
+        [*PRUNE.source_values, dt(cutoff), _STEP_KEYS, limit],
     )
+
+
+def flows_finished_before(cutoff: datetime, limit: int) -> list[int]:
+    """Ids of up to ``limit`` flows that finished (completed, failed, cancelled) before
+    ``cutoff`` (index ``jobs_flow_finished``)."""
+    return [i for (i,) in fetch(
+        f"SELECT id FROM {FLOWS} WHERE finished_at < %s ORDER BY finished_at LIMIT %s",
+        [dt(cutoff), limit])]
+
+
+def flows_delete(flow_ids: Sequence[int]) -> int:
+    """Delete flows with their steps and their steps' jobs (waiting, DEAD or kept DONE),
+    in the caller's transaction; returns the flows deleted."""
+    if not flow_ids:
+        return 0
+    ids = ", ".join(["%s"] * len(flow_ids))
+    steps_jobs = f"SELECT job_id FROM {FLOW_STEPS} WHERE flow_id IN ({ids}) AND job_id IS NOT NULL"
+    execute(f"DELETE FROM {JOBS} WHERE id IN ({steps_jobs})", list(flow_ids))
+    execute(f"DELETE FROM {DONE_JOBS} WHERE id IN ({steps_jobs})", list(flow_ids))
+    execute(f"DELETE FROM {FLOW_STEPS} WHERE flow_id IN ({ids})", list(flow_ids))
+    return execute(f"DELETE FROM {FLOWS} WHERE id IN ({ids})", list(flow_ids))
 
 
 # -- reads: statistics, metrics, counts ---------------------------------------------------

@@ -24,6 +24,8 @@ from jobs_engine import states
 from jobs_engine.job import Job
 from jobs_engine.models import (
     CompletedJob,
+    Flow,
+    FlowStep,
     JobStat,
     Partition,
     TargetPause,
@@ -58,6 +60,9 @@ __all__ = [
     "DONE_KEPT",
     "DONE_NOT_KEPT",
     "ENQUEUE",
+    "FLOWS",
+    "FLOW_STEPS",
+    "FLOW_STEP_KEY_PREFIX",
     "JOBS",
     "JOB_STATS",
     "LAST_ERROR_LIMIT",
@@ -105,6 +110,8 @@ PAUSES = TargetPause._meta.db_table
 COUNTERS = VersionCounter._meta.db_table
 JOB_STATS = JobStat._meta.db_table
 DONE_JOBS = CompletedJob._meta.db_table
+FLOWS = Flow._meta.db_table
+FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
 LAST_ERROR_LIMIT = 2000
@@ -128,6 +135,10 @@ CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
           Lane.LONG: states.transition(RUNNING, DEAD, to=DEAD)}
 
 _PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
+
+# The dedupe key of a flow step's job starts with this (``flows.queue``): such a job belongs
+# to its flow, kept and removed with it, never by its target's keep counts.
+FLOW_STEP_KEY_PREFIX = "flow-step:"
 
 # What a lane reads of a row, in the order of ``Job``'s fields.
 _JOB_COLUMNS = ("id", "target", "code", "key", "version", "payload", "headers", "attempts",

@@ -327,3 +327,65 @@ def test_start_refuses_an_unknown_name_or_a_bad_input_and_writes_nothing(
         flows.start(name, value)
     assert raised.value.field == field
     assert (Flow.objects.count(), FlowStep.objects.count(), Job.objects.count()) == (0, 0, 0)
+
+
+# -- retention ------------------------------------------------------------------------------
+
+
+def test_step_jobs_stay_with_their_flow_whatever_the_keep_counts(
+        flow_target: Any, steps: Any, targets: Any) -> None:
+    """A target that keeps no completed job still keeps its flow steps' jobs; the flow,
+    its steps and their jobs go together FLOW_RETENTION_DAYS after the flow finished."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs_engine import JobPolicy
+    from jobs_engine.conf import load_settings
+    from jobs_engine.lanes.retention import RetentionService
+    from jobs_engine.models import CompletedJob
+
+    targets("keeps.none", handler=lambda job: {"n": job.payload}, lane="long",
+            policy=JobPolicy(keep_completed=0, keep_failed=0))
+    flow_id = flows.batch("b", [Step("j", n, target="keeps.none") for n in range(3)],
+                          on_complete=Step("sum"))
+    steps("sum", lambda ctx: [r["n"] for r in ctx.results])
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    assert flow_state(flow_id) == FlowState.COMPLETED
+    step_jobs = list(FlowStep.objects.filter(flow_id=flow_id).values_list("job_id", flat=True))
+    assert CompletedJob.objects.filter(id__in=step_jobs).count() == 4
+
+    now = timezone.now()
+    settings = load_settings({"FLOW_RETENTION_DAYS": 7}, environ={})
+    kept = RetentionService(settings).run_once(now + timedelta(days=6))
+    assert (kept.completed, kept.flows) == (0, 0)
+    assert CompletedJob.objects.filter(id__in=step_jobs).count() == 4
+    gone = RetentionService(settings).run_once(now + timedelta(days=8))
+    assert gone.flows == 1
+    assert not Flow.objects.filter(id=flow_id).exists()
+    assert not FlowStep.objects.exists()
+    assert not CompletedJob.objects.filter(id__in=step_jobs).exists()
+
+
+def test_a_failed_flow_keeps_its_dead_job_until_the_flow_expires(
+        flow_target: Any, steps: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs_engine.conf import load_settings
+    from jobs_engine.lanes.retention import RetentionService
+
+    def broken(ctx: flows.StepContext) -> Any:
+        raise RuntimeError("no")
+
+    steps("x", broken)
+    flow_id = flows.chain("c", [Step("x")])
+    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    dead = FlowStep.objects.get(flow_id=flow_id).job_id
+    now = timezone.now()
+    # Past DEAD_TTL_DAYS and keep_failed=0 would remove any other DEAD job.
+    settings = load_settings({"FLOW_RETENTION_DAYS": 40, "DEAD_TTL_DAYS": 1}, environ={})
+    RetentionService(settings).run_once(now + timedelta(days=30))
+    assert Job.objects.filter(id=dead, status="DEAD").exists()
+    assert flows.retry(flow_id) == 1  # still resumable
