@@ -1,3 +1,5 @@
+from importlib.util import find_spec
+
 from django.apps import AppConfig
 
 
@@ -17,3 +19,7 @@ class JobsEngineConfig(AppConfig):
 
         setting_changed.connect(reset_settings_cache)
         flows.register_flow_target()
+        if find_spec("ninja") is not None:  # the ``api`` extra: the flows' routes join it
+            from jobs_engine.operators.flows_api import attach
+
+            attach()

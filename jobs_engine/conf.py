@@ -50,6 +50,10 @@ class JobsSettings:
     # ``/metrics`` answers a request with ``Authorization: Bearer <METRICS_TOKEN>`` (a
     # Prometheus scraper) and logged-in users with the engine's permission; no one else.
     METRICS_TOKEN: str = ""
+    # Dotted path of ``f(request) -> str | None``: the tenant a request acts for in the
+    # flows' admin and API (None: the platform operator, who sees every tenant). Empty:
+    # every request is the platform operator's.
+    TENANT_RESOLVER: str = ""
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, problem) for every value that cannot work."""

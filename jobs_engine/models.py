@@ -14,6 +14,8 @@ from jobs_engine.states import DeliveryMode, FlowState, JobStatus, Lane, StepRol
 
 # The engine's permission: operators who hold it see and act on jobs and schedules.
 MANAGE_PERMISSION = "jobs_engine.manage_jobs"
+VIEW_FLOWS_PERMISSION = "jobs_engine.view_flow"  # Django's own view permission of ``Flow``
+MANAGE_FLOWS_PERMISSION = "jobs_engine.manage_flows"
 
 PENDING = Q(status=JobStatus.PENDING)
 RUNNING = Q(status=JobStatus.RUNNING)

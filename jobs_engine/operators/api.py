@@ -98,10 +98,15 @@ class ManagerSession(APIKeyCookie):
                 and check_csrf(request) is not None:
             raise OperationRefused("CSRF check failed: send the csrftoken cookie's value in an "
                                    "X-CSRFToken header", status_code=403, code="csrf_failed")
-        if not user.has_perm(MANAGE_PERMISSION):
-            raise OperationRefused(f"the {MANAGE_PERMISSION} permission is required",
+        permission = self.permission(request)
+        if not user.has_perm(permission):
+            raise OperationRefused(f"the {permission} permission is required",
                                    status_code=403, code="forbidden")
         return user
+
+    def permission(self, request: HttpRequest) -> str:
+        """The permission a request needs (the jobs and schedules routes: one for all)."""
+        return MANAGE_PERMISSION
 
 
 api = NinjaAPI(
@@ -391,15 +396,15 @@ def errors(*codes: int) -> dict[int, type[ErrorOut]]:
 PLAIN_ID = re.compile(r"[1-9][0-9]{0,18}")  # ASCII digits, no sign, space, zero or fraction
 
 
-def _plain_id(value: Any) -> Any:
+def plain_id(value: Any) -> Any:
     """Only the id's one plain spelling: ``01``, ``+1``, ``1.0``, `` 1`` or ``1_0`` would
     otherwise be read (by int or pydantic) as some row's id."""
     if isinstance(value, str) and not PLAIN_ID.fullmatch(value):
-        raise ValueError("a job id is a plain decimal number")
+        raise ValueError("an id is a plain decimal number")
     return value
 
 
-JobId = Annotated[int, BeforeValidator(_plain_id),
+JobId = Annotated[int, BeforeValidator(plain_id),
                   Path(ge=1, le=MAX_JOB_ID, description="The job's id: digits, no leading 0.")]
 
 

@@ -33,11 +33,13 @@ def make_job(target: str, *, status: str = JobStatus.PENDING, key: str | None = 
     return Job.objects.get(id=result.job_id)
 
 
-def manager(username: str = "manager") -> User:
-    """A staff user with ``jobs_engine.manage_jobs`` (and nothing else)."""
+def manager(username: str = "manager", *, flows: bool = False) -> User:
+    """A staff user with ``jobs_engine.manage_jobs`` (and nothing else); with ``flows``,
+    also the flows' two permissions (view and manage)."""
     user = User.objects.create_user(username, password="pw", is_staff=True)
-    user.user_permissions.add(Permission.objects.get(codename="manage_jobs",
-                                                     content_type__app_label="jobs_engine"))
+    codenames = ["manage_jobs", *(["view_flow", "manage_flows"] if flows else [])]
+    user.user_permissions.add(*Permission.objects.filter(
+        codename__in=codenames, content_type__app_label="jobs_engine"))
     return User.objects.get(pk=user.pk)  # fresh: no cached permissions
 
 

@@ -24,9 +24,11 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from jobs_engine import flows
 from jobs_engine.models import (
     AuditRecord,
     CompletedJob,
+    Flow,
     Job,
     JobStat,
     Partition,
@@ -35,7 +37,7 @@ from jobs_engine.models import (
 )
 from jobs_engine.operators.actions import audit
 from jobs_engine.operators.api import api
-from jobs_engine.states import JobStatus
+from jobs_engine.states import FlowState, JobStatus, StepState
 from schedules.models import Schedule
 from tests.db.operator_helpers import make_job, manager, staff
 from tests.db.schedule_helpers import declared_schedule, state
@@ -62,6 +64,8 @@ class Rows:
     stat: JobStat
     record: AuditRecord
     schedule: Schedule
+    failed_flow: Flow  # for a read and a retry
+    running_flow: Flow  # for a cancel
 
 
 @pytest.fixture
@@ -88,8 +92,15 @@ def rows(targets: Any) -> Iterator[Rows]:
     stat = JobStat.objects.create(hour=now.replace(minute=0, second=0, microsecond=0),
                                   target="access.t", outcome="ok", count=3)
     record = audit(None, "retry", "job", job.id, ok=True)
+    failed_flow = Flow.objects.get(id=flows.chain("access-failed", [flows.Step("a")]))
+    failed_flow.steps.update(state=StepState.FAILED, last_error=f"{SECRET}-step-error")
+    Flow.objects.filter(id=failed_flow.id).update(state=FlowState.FAILED)
+    running_flow = Flow.objects.get(id=flows.chain("access-running", [flows.Step("a")]))
+    flows.define(DEFINED_FLOW, lambda value: flows.ChainSpec([flows.Step("a", value)]), "")
     with declared_schedule("access_sched") as schedule:
-        yield Rows(job, dead, pending, completed, pause, partition, worker, stat, record, schedule)
+        yield Rows(job, dead, pending, completed, pause, partition, worker, stat, record,
+                   schedule, failed_flow, running_flow)
+    flows._definitions.pop(DEFINED_FLOW, None)
 
 
 def viewer() -> User:
@@ -101,9 +112,13 @@ def viewer() -> User:
 
 
 def client_of(kind: str) -> Client:
+    """``anonymous``, ``viewer``, ``jobs-manager`` (jobs and schedules only) or ``manager``
+    (the flows too)."""
     client = Client()
     if kind != "anonymous":
-        client.force_login(viewer() if kind == "viewer" else manager())
+        client.force_login(viewer() if kind == "viewer" else
+                           manager("jobs-manager") if kind == "jobs-manager" else
+                           manager(flows=True))
     return client
 
 
@@ -221,7 +236,8 @@ ACTIONS = {
 def snapshot(rows: Rows) -> tuple[Any, ...]:
     return (sorted(Job.objects.values_list("id", "status", "attempts")),
             list(TargetPause.objects.values_list("target", flat=True)),
-            state(rows.schedule.code), AuditRecord.objects.count())
+            state(rows.schedule.code), sorted(Flow.objects.values_list("id", "state")),
+            AuditRecord.objects.count())  # last: the admin actions' test reads it
 
 
 @pytest.mark.parametrize("action", ACTIONS)
@@ -261,17 +277,31 @@ def routes() -> list[tuple[str, str]]:
 
 
 ROUTES = routes()
-BODIES = {("PUT", f"{API}/schedules/{{code}}/cron_override"): {"cron_override": "*/5 * * * *"}}
+BODIES = {("PUT", f"{API}/schedules/{{code}}/cron_override"): {"cron_override": "*/5 * * * *"},
+          ("POST", f"{API}/job-flows/definitions/{{name}}/start"): {"input": 1}}
+DEFINED_FLOW = "access-defined"
 
 
-def fill(rows: Rows, method: str, path: str, job_id: str | None = None) -> str:
+def fill(rows: Rows, method: str, path: str, row_id: str | None = None) -> str:
     """The path with real rows: the DEAD job for a retry or a read, another DEAD one for a
-    skip, the PENDING one for a cancel."""
-    if job_id is None:
-        job = {"skip": rows.dead, "cancel": rows.pending}.get(path.rsplit("/", 1)[-1],
-                                                              rows.job)
-        job_id = str(job.pk)
-    return path.replace("{job_id}", job_id).replace("{code}", rows.schedule.code)
+    skip, the PENDING one for a cancel; the FAILED flow for a read or a retry, the running
+    one for a cancel. ``row_id`` spells the job's or flow's id instead."""
+    action = path.rsplit("/", 1)[-1]
+    job = {"skip": rows.dead, "cancel": rows.pending}.get(action, rows.job)
+    flow = rows.running_flow if action == "cancel" else rows.failed_flow
+    return (path.replace("{job_id}", row_id or str(job.pk))
+            .replace("{flow_id}", row_id or str(flow.pk))
+            .replace("{code}", rows.schedule.code).replace("{name}", DEFINED_FLOW))
+
+
+def refused(method: str, path: str) -> tuple[str, str]:
+    """Who is refused a route (403), and the permission the refusal names: the flows'
+    routes need their own permissions, a read only ``view_flow``."""
+    if "/job-flows" not in path:
+        return "viewer", "jobs_engine.manage_jobs"
+    if method == "GET":
+        return "jobs-manager", "jobs_engine.view_flow"
+    return "viewer", "jobs_engine.manage_flows"
 
 
 def send(client: Client, method: str, url: str, body: Any = None, *,
@@ -304,8 +334,9 @@ def test_api_route(rows: Rows, method: str, path: str) -> None:
     before = snapshot(rows)
 
     assert_error(send(client_of("anonymous"), method, url, body), 401, "unauthorized")
-    [message] = assert_error(send(client_of("viewer"), method, url, body), 403, "forbidden")
-    assert "jobs_engine.manage_jobs" in message
+    outsider, permission = refused(method, path)
+    [message] = assert_error(send(client_of(outsider), method, url, body), 403, "forbidden")
+    assert permission in message
     assert snapshot(rows) == before
 
     client = client_of("manager")
@@ -316,7 +347,7 @@ def test_api_route(rows: Rows, method: str, path: str) -> None:
     messages = assert_error(send(client, method, url, {**(body or {}), "reason": "x"}), 400,
                             "validation_error")
     assert any("reason" in m and "unknown field" in m for m in messages), messages
-    if "{job_id}" in path:
+    if "{job_id}" in path or "{flow_id}" in path:
         for spelling in near_misses(rows.job.pk):
             malformed = fill(rows, method, path, spelling)
             assert_error(send(client, method, malformed, body), 404, "not_found")

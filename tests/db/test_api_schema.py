@@ -25,12 +25,15 @@ from django.core import signals
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from django.test import Client
+from django.utils import timezone
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.schemas import BaseSchema
 
-from jobs_engine.states import JobStatus
+from jobs_engine import flows
+from jobs_engine.models import Flow, FlowStep
+from jobs_engine.states import FlowState, JobStatus, StepState
 from tests.db.operator_helpers import make_job, manager
 from tests.db.schedule_helpers import declared_schedule
 
@@ -41,7 +44,8 @@ EXAMPLES = 200  # fuzzed cases per generation mode, spread over every operation:
 # What an invalid request may get: refused (400), naming no row (404: a malformed id), or a
 # method the route lacks (405). Never a 2xx, nor a 409: that would mean it was acted on.
 REJECTED = ["400", "404", "405", "413"]
-BODY_FIELDS = {"PUT /jobs/api/v1/schedules/{code}/cron_override": {"cron_override"}}
+BODY_FIELDS = {"PUT /jobs/api/v1/schedules/{code}/cron_override": {"cron_override"},
+               "POST /jobs/api/v1/job-flows/definitions/{name}/start": {"input"}}
 UNKNOWN_FIELD = "unknown field"  # a JSON body with a field its route does not declare
 EVERY_OPERATION = {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
                    "POST /jobs/api/v1/jobs/{job_id}/retry",
@@ -52,7 +56,15 @@ EVERY_OPERATION = {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
                    "POST /jobs/api/v1/schedules/{code}/disable",
                    "POST /jobs/api/v1/schedules/{code}/run",
                    "PUT /jobs/api/v1/schedules/{code}/cron_override",
-                   "DELETE /jobs/api/v1/schedules/{code}/cron_override"}
+                   "DELETE /jobs/api/v1/schedules/{code}/cron_override",
+                   "GET /jobs/api/v1/job-flows", "GET /jobs/api/v1/job-flows/definitions",
+                   "GET /jobs/api/v1/job-flows/{flow_id}",
+                   "POST /jobs/api/v1/job-flows/definitions/{name}/start",
+                   "POST /jobs/api/v1/job-flows/{flow_id}/retry",
+                   "POST /jobs/api/v1/job-flows/{flow_id}/cancel"}
+# Operations that take no parameter at all: there is no invalid request of them to make.
+NO_PARAMETERS = {"GET /jobs/api/v1/schedules", "GET /jobs/api/v1/job-flows/definitions"}
+DEFINED_FLOW = "schema-flow"
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,7 @@ def session() -> Iterator[Session]:
     """Django's WSGI application, called in this thread on the test's connection, and a
     manager's session cookie with its CSRF token, as a browser sends them."""
     client = Client()
-    client.force_login(manager())
+    client.force_login(manager(flows=True))
     client.get("/jobs/api/v1/docs")  # sets the csrftoken cookie
     token = client.cookies["csrftoken"].value
     cookies = {"sessionid": client.cookies["sessionid"].value, "csrftoken": token}
@@ -85,7 +97,8 @@ def session() -> Iterator[Session]:
 @dataclass(frozen=True)
 class Real:
     code: str  # a declared schedule
-    job_ids: list[int]  # DEAD, DEAD, PENDING, RUNNING
+    job_ids: list[int]  # DEAD, DEAD, PENDING, RUNNING and started (no action removes it)
+    flow_ids: list[int]  # RUNNING, FAILED
 
 
 @pytest.fixture
@@ -95,9 +108,15 @@ def real(targets: Any) -> Iterator[Real]:
     targets("schema.long", lane="long")
     jobs = [make_job("schema.target", status=status, key="k")
             for status in (JobStatus.DEAD, JobStatus.DEAD, JobStatus.PENDING)]
-    jobs.append(make_job("schema.long", status=JobStatus.RUNNING))
+    jobs.append(make_job("schema.long", status=JobStatus.RUNNING, started_at=timezone.now()))
+    running = flows.chain("schema-running", [flows.Step("a")])
+    failed = flows.chain("schema-failed", [flows.Step("a")])
+    FlowStep.objects.filter(flow_id=failed).update(state=StepState.FAILED)
+    Flow.objects.filter(id=failed).update(state=FlowState.FAILED)
+    flows.define(DEFINED_FLOW, lambda value: flows.ChainSpec([flows.Step("a", value)]), "")
     with declared_schedule("schema_sched") as schedule:
-        yield Real(schedule.code, [job.id for job in jobs])
+        yield Real(schedule.code, [job.id for job in jobs], [running, failed])
+    flows._definitions.pop(DEFINED_FLOW, None)
 
 
 def api_schema(session: Session) -> BaseSchema:
@@ -151,10 +170,15 @@ def check(case: Any, session: Session, real: Real, pick: int, spelling: str,
     near_miss = False
     if pick % 2 and "code" in params:
         params["code"] = real.code
-    if pick % 2 and "job_id" in params:
-        job_id = real.job_ids[pick // 2 % len(real.job_ids)]
-        near_miss = spelling != "{}" and label in EVERY_OPERATION  # not a method it lacks
-        params["job_id"] = spelling.format(job_id) if spelling != "{}" else job_id
+    if pick % 2 and "name" in params:
+        params["name"] = DEFINED_FLOW
+    # A read names the row no action removes: an earlier case may have skipped the others.
+    job_ids = real.job_ids[-1:] if case.method == "GET" else real.job_ids
+    for param, ids in (("job_id", job_ids), ("flow_id", real.flow_ids)):
+        if pick % 2 and param in params:
+            row_id = ids[pick // 2 % len(ids)]
+            near_miss = spelling != "{}" and label in EVERY_OPERATION  # not a method it lacks
+            params[param] = spelling.format(row_id) if spelling != "{}" else row_id
     as_sent(case)
     response = case.call(cookies=session.cookies, headers=session.headers)
     seen.setdefault(label, set()).add(response.status_code)
@@ -193,8 +217,8 @@ def test_generated_requests(mode: GenerationMode, session: Session, real: Real) 
     operations = set(seen) - {UNKNOWN_FIELD, NEAR_MISS}
     if mode is GenerationMode.POSITIVE:
         assert operations == EVERY_OPERATION, seen
-    else:  # GET /schedules takes no parameter: there is no invalid request of it to make
-        assert operations == EVERY_OPERATION - {"GET /jobs/api/v1/schedules"}, seen
+    else:
+        assert operations == EVERY_OPERATION - NO_PARAMETERS, seen
     every = set().union(*seen.values())
     assert not every & {401, 403}, seen  # the manager's session and CSRF token were used
     if mode is GenerationMode.POSITIVE:

@@ -1,0 +1,151 @@
+"""The flows' API routes: permissions, tenancy, and each route's answers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.http import HttpRequest
+from django.test import Client
+
+from jobs_engine import flows
+from jobs_engine.flows import Step
+from jobs_engine.models import Flow, FlowStep, Job
+from jobs_engine.states import FlowState, StepState
+
+pytestmark = pytest.mark.django_db
+
+API = "/jobs/api/v1/job-flows"
+
+
+def user_with(*codenames: str, username: str = "ops") -> User:
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename,
+                                                         content_type__app_label="jobs_engine"))
+    return User.objects.get(pk=user.pk)
+
+
+def client_of(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def viewer() -> Client:
+    return client_of(user_with("view_flow", username="viewer"))
+
+
+@pytest.fixture
+def manager() -> Client:
+    return client_of(user_with("view_flow", "manage_flows", username="flows-manager"))
+
+
+@pytest.fixture
+def monthly() -> Any:
+    def build(month: Any) -> flows.ChainSpec:
+        if not isinstance(month, str):
+            from jobs_engine.errors import InvalidFlow
+            raise InvalidFlow("input", "must be a month such as '2026-11'")
+        return flows.ChainSpec([Step("report.query", {"month": month}), Step("report.render")])
+
+    yield flows.define("monthly-report", build, "Build and mail the monthly report")
+    flows._definitions.pop("monthly-report", None)
+
+
+def by_tenant(request: HttpRequest) -> str | None:
+    """The test's tenant resolver: the ``X-Tenant`` header, none for the operator."""
+    return request.headers.get("X-Tenant")
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("get", ""), ("get", "/definitions"), ("get", "/1"),
+    ("post", "/1/retry"), ("post", "/1/cancel"), ("post", "/definitions/x/start")])
+def test_anonymous_is_401_and_a_user_without_the_permission_403(method: str, path: str) -> None:
+    assert getattr(Client(), method)(API + path).status_code == 401
+    jobs_only = client_of(user_with("manage_jobs"))
+    answer = getattr(jobs_only, method)(API + path)
+    assert answer.status_code == 403
+    assert answer.json()["code"] == "forbidden"
+
+
+def test_viewing_is_not_managing(viewer: Client) -> None:
+    flow_id = flows.chain("c", [Step("a")])
+    assert viewer.get(f"{API}/{flow_id}").status_code == 200
+    refused = viewer.post(f"{API}/{flow_id}/cancel")
+    assert refused.status_code == 403
+    assert "jobs_engine.manage_flows" in refused.json()["message"][0]
+    assert Flow.objects.get(id=flow_id).state == FlowState.RUNNING
+
+
+def test_list_and_detail_show_state_progress_and_steps(viewer: Client) -> None:
+    first = flows.chain("report", [Step("a", {"n": 1}), Step("b")])
+    flows.batch("import", [Step("j")], on_complete=Step("s"))
+    FlowStep.objects.filter(flow_id=first, position=0).update(state=StepState.DONE,
+                                                               result={"rows": 3})
+    Flow.objects.filter(id=first).update(steps_done=1)
+    page = viewer.get(API).json()
+    assert page["total"] == 2
+    assert [(f["name"], f["progress"]) for f in page["data"]] == [("import", "0/2"),
+                                                                   ("report", "1/2")]
+    assert [f["name"] for f in viewer.get(API, {"name": "report"}).json()["data"]] == ["report"]
+    assert viewer.get(API, {"state": "FAILED"}).json()["total"] == 0
+    assert viewer.get(API, {"state": "nope"}).status_code == 400
+    detail = viewer.get(f"{API}/{first}").json()
+    assert [(s["name"], s["state"], s["result"]) for s in detail["steps"]] == [
+        ("a", "DONE", {"rows": 3}), ("b", "WAITING", None)]
+
+
+def test_definitions_and_start(manager: Client, monthly: Any) -> None:
+    assert manager.get(f"{API}/definitions").json() == [
+        {"name": "monthly-report", "description": "Build and mail the monthly report"}]
+    started = manager.post(f"{API}/definitions/monthly-report/start",
+                           {"input": "2026-11"}, content_type="application/json")
+    assert started.status_code == 200
+    body = started.json()
+    assert (body["name"], body["state"], body["progress"]) == ("monthly-report", "RUNNING", "0/2")
+    refused = manager.post(f"{API}/definitions/monthly-report/start", {"input": 11},
+                           content_type="application/json")
+    assert refused.status_code == 400
+    assert refused.json()["message"] == ["input: must be a month such as '2026-11'"]
+    unknown = manager.post(f"{API}/definitions/nope/start", {"input": 1},
+                           content_type="application/json")
+    assert unknown.status_code == 404
+    extra = manager.post(f"{API}/definitions/monthly-report/start", {"inptu": 1},
+                         content_type="application/json")
+    assert extra.status_code == 400
+    assert Flow.objects.count() == 1
+
+
+def test_retry_with_nothing_failed_and_cancel_while_running_are_409(manager: Client) -> None:
+    from django.utils import timezone
+
+    flow_id = flows.chain("c", [Step("a"), Step("b")])
+    nothing = manager.post(f"{API}/{flow_id}/retry")
+    assert (nothing.status_code, nothing.json()["code"]) == (409, "nothing_to_retry")
+    first = FlowStep.objects.get(flow_id=flow_id, position=0)
+    Job.objects.filter(id=first.job_id).update(status="RUNNING", started_at=timezone.now())
+    running = manager.post(f"{API}/{flow_id}/cancel")
+    assert (running.status_code, running.json()["code"]) == (409, "flow_running")
+    assert Flow.objects.get(id=flow_id).state == FlowState.RUNNING
+    Job.objects.filter(id=first.job_id).update(status="PENDING", started_at=None)
+    cancelled = manager.post(f"{API}/{flow_id}/cancel")
+    assert cancelled.json() == {"id": flow_id, "state": "CANCELLED", "steps": 2}
+
+
+def test_another_tenants_flow_answers_404_like_an_unknown_id(manager: Client,
+                                                            settings: Any) -> None:
+    settings.JOBS = {"TENANT_RESOLVER": f"{__name__}.by_tenant"}
+    theirs = flows.chain("c", [Step("a")], tenant_id="b")
+    ours = flows.chain("c", [Step("a")], tenant_id="a")
+    as_a = {"HTTP_X_TENANT": "a"}
+    assert manager.get(f"{API}/{theirs}", **as_a).status_code == 404
+    assert manager.get(f"{API}/{theirs}", **as_a).json() == \
+        manager.get(f"{API}/999999", **as_a).json() | {"message": [f"flow {theirs} does not exist"]}
+    assert manager.post(f"{API}/{theirs}/cancel", **as_a).status_code == 404
+    assert [f["id"] for f in manager.get(API, **as_a).json()["data"]] == [ours]
+    assert Flow.objects.get(id=theirs).state == FlowState.RUNNING
+    # The platform operator (no tenant) sees both.
+    assert manager.get(API).json()["total"] == 2
