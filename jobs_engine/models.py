@@ -148,6 +148,7 @@ class Flow(models.Model):
 
     class Meta:
         db_table = "jobs_engine_flow"
+        verbose_name = "job flow"
         indexes = [
             models.Index(fields=["tenant_id", "state", "id"], name="jobs_flow_by_tenant"),
             # Retention: finished flows older than FLOW_RETENTION_DAYS.
