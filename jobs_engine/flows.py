@@ -54,13 +54,15 @@ NAME_LIMIT = 200  # the name columns of ``Flow`` and ``FlowStep``
 class StepContext:
     """What a step handler gets: its ``data``; in a chain, what the ``previous`` step
     returned (None for the first); for a batch callback, every job's ``results`` in order;
-    the flow's ``tenant_id`` and ``flow_id``."""
+    the flow's ``tenant_id`` and ``flow_id``; the step's ``name`` and ``position``."""
 
     data: Any
     previous: Any = None
     results: tuple[Any, ...] = ()
     tenant_id: str | None = None
     flow_id: int
+    name: str = ""
+    position: int = 0
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,8 @@ def context_of(step: FlowStep) -> StepContext:
         results = tuple(FlowStep.objects.filter(flow=flow, role=StepRole.JOB)
                         .order_by("position").values_list("result", flat=True))
     return StepContext(data=step.data, previous=previous, results=results,
-                       tenant_id=flow.tenant_id, flow_id=flow.id)
+                       tenant_id=flow.tenant_id, flow_id=flow.id, name=step.name,
+                       position=step.position)
 
 
 def is_flow_step(job: Job) -> bool:

@@ -141,6 +141,63 @@ def policy_handler(job: Job) -> dict[str, Any]:
     return {"n": (job.payload or {}).get("n"), "tries": job.attempts + 1}
 
 
+# Flow steps (test_flows_processes.py): each try appends ``<event> <flow> <position>
+# <name> <time>`` to ``<pid>.steps``; data {"sleep": s} slows a step, {"fail_unless": f}
+# fails it until the file ``f`` exists in the output folder.
+STEP = "proc.step"
+SUMMARY = "proc.summary"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    pid: int
+    event: str
+    flow_id: int
+    position: int
+    name: str
+    at: float
+
+
+def _write_step(event: str, ctx: Any) -> None:
+    path = Path(os.environ[OUT_DIR_ENV]) / f"{os.getpid()}.steps"
+    with open(path, "a") as fh:
+        fh.write(f"{event} {ctx.flow_id} {ctx.position} {ctx.name} {time.time():.6f}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def read_step_records(out_dir: Path) -> list[StepRecord]:
+    """Every complete step line of every process, in time order."""
+    found = []
+    for path in out_dir.glob("*.steps"):
+        for line in path.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):
+                event, flow_id, position, name, at = line.split()
+                found.append(StepRecord(int(path.stem), event, int(flow_id), int(position),
+                                        name, float(at)))
+    return sorted(found, key=lambda r: r.at)
+
+
+def step_handler(ctx: Any) -> Any:
+    """A chain step or batch job: returns its data's ``n`` and what came before it."""
+    data = ctx.data or {}
+    _write_step("start", ctx)
+    time.sleep(float(data.get("sleep", 0)))
+    flag = data.get("fail_unless")
+    if flag and not (Path(os.environ[OUT_DIR_ENV]) / flag).exists():
+        _write_step("fail", ctx)
+        raise RuntimeError(f"step {ctx.position} waits for {flag}")
+    _write_step("end", ctx)
+    return {"n": data.get("n"), "previous": ctx.previous}
+
+
+def summary_handler(ctx: Any) -> Any:
+    """A batch callback: every job's ``n``, in order."""
+    _write_step("start", ctx)
+    _write_step("end", ctx)
+    return [result["n"] for result in ctx.results]
+
+
 def register() -> None:
     """Register the targets (idempotent: the pytest process registers them too)."""
     from jobs_engine import (
@@ -173,6 +230,13 @@ def register() -> None:
                     policy=JobPolicy(keep_completed=3, keep_failed=2))
 
 
+def register_steps() -> None:
+    from jobs_engine import flows
+
+    flows.register_step(STEP, step_handler)
+    flows.register_step(SUMMARY, summary_handler)
+
+
 class WorkerTargetsConfig(AppConfig):
     """Installed only by ``tests.process.settings``: the worker processes' targets."""
 
@@ -182,3 +246,4 @@ class WorkerTargetsConfig(AppConfig):
 
     def ready(self) -> None:
         register()
+        register_steps()
