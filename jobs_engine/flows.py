@@ -22,7 +22,6 @@ from datetime import datetime
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from jobs_engine import registry, store
@@ -247,45 +246,56 @@ def advance(done: Sequence[tuple[int, int, str | None]],
     its result and queues what follows (the next chain step; the callback once every batch
     job is done); a failed one fails the flow and leaves the steps after it waiting.
 
-    ``done``: (job id, tries, result JSON text); ``failed``: (job id, tries, error)."""
+    ``done``: (job id, tries, result JSON text); ``failed``: (job id, tries, error).
+    The flows are locked before their steps, in id order, as ``retry`` and ``cancel`` lock
+    them: concurrent outcomes and actions on one flow queue up instead of deadlocking, and
+    its ``steps_done`` count says when the batch's jobs are all done (no scan of its steps).
+    """
     by_job = {job_id: (tries, payload) for job_id, tries, payload in [*done, *failed]}
     if not by_job:
         return
     finished = {job_id for job_id, _, _ in done}
-    steps = list(FlowStep.objects.select_related("flow").select_for_update()
-                 .filter(job_id__in=list(by_job), state=StepState.QUEUED))
+    flow_ids = set(FlowStep.objects.filter(job_id__in=list(by_job), state=StepState.QUEUED)
+                   .values_list("flow_id", flat=True))
+    locked = {flow.id: flow for flow in Flow.objects.select_for_update()
+              .filter(id__in=flow_ids).order_by("id")}
+    steps = FlowStep.objects.select_for_update().filter(
+        job_id__in=list(by_job), state=StepState.QUEUED).order_by("flow_id", "position")
     for step in steps:
         tries, payload = by_job[step.job_id]  # type: ignore[index]
-        flow = step.flow
+        flow = locked[step.flow_id]
         step.attempts += tries
         step.finished_at = now
         if step.job_id in finished:
             step.state, step.result = StepState.DONE, _decoded(payload)
             step.save(update_fields=["state", "result", "attempts", "finished_at"])
-            Flow.objects.filter(id=flow.id).update(steps_done=F("steps_done") + 1,
-                                                   updated_at=now)
+            flow.steps_done += 1
             _after_done(flow, step, now)
         else:
             step.state, step.last_error = StepState.FAILED, payload or ""
             step.save(update_fields=["state", "last_error", "attempts", "finished_at"])
-            Flow.objects.filter(id=flow.id, state=FlowState.RUNNING).update(
-                state=FlowState.FAILED, finished_at=now, updated_at=now)
+            if flow.state == FlowState.RUNNING:
+                flow.state, flow.finished_at = FlowState.FAILED, now
+    for flow in locked.values():
+        flow.updated_at = now
+        flow.save(update_fields=["state", "steps_done", "finished_at", "updated_at"])
 
 
 def _after_done(flow: Flow, step: FlowStep, now: datetime) -> None:
-    later = FlowStep.objects.filter(flow=flow, position__gt=step.position)
-    if step.role == StepRole.JOB:
-        if FlowStep.objects.filter(flow=flow, role=StepRole.JOB).exclude(
-                state=StepState.DONE).exists():
-            return  # the callback waits for every job
-        later = later.filter(role=StepRole.CALLBACK)
-    following = later.filter(state=StepState.WAITING).order_by("position").first()
-    if following is None:
-        if not FlowStep.objects.filter(flow=flow).exclude(state=StepState.DONE).exists():
-            Flow.objects.filter(id=flow.id).update(state=FlowState.COMPLETED, finished_at=now,
-                                                   updated_at=now)
+    """What a completed step lets run: the next chain step, or once every batch job is
+    done the callback; after the last step the flow is COMPLETED."""
+    if flow.steps_done == flow.steps_total:
+        flow.state, flow.finished_at = FlowState.COMPLETED, now
         return
-    if Flow.objects.filter(id=flow.id, state=FlowState.RUNNING).exists():
+    if flow.state != FlowState.RUNNING:
+        return  # failed meanwhile: what follows waits for a retry
+    if step.role == StepRole.JOB:
+        if flow.steps_done < flow.steps_total - 1:
+            return  # the callback waits for every job
+        following = FlowStep.objects.filter(flow=flow, role=StepRole.CALLBACK).first()
+    else:
+        following = FlowStep.objects.filter(flow=flow, position=step.position + 1).first()
+    if following is not None and following.state == StepState.WAITING:
         queue([following], None)
 
 
