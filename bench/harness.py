@@ -57,6 +57,8 @@ class Options:
     kafka_port: int = 19292
     kafka_dir: str = str(Path(tempfile.gettempdir()) / "jobs-engine-kafka-bench")
     policy_done_n: int = 1_000_000
+    flow_chain_n: int = 1_000
+    flow_batch_n: int = 10_000
     results_dir: Path = field(default=RESULTS)
 
     @property

@@ -99,6 +99,7 @@ def rows_for(o: Options) -> list[Row]:
         Row("poll:long_ratio", "long candidates ratio big / small", "x"),
     ]
     rows += policy_rows(o)
+    rows += flow_rows(o)
     workers = {1: "1 worker", 3: "3 workers"}
     for kind in targets.KAFKA_TOPICS:
         for count in (1, 3):
@@ -143,6 +144,24 @@ def policy_rows(o: Options) -> list[Row]:
         Row("policy_done:long_ratio", f"long reserve ratio, {kept} / none", "x", "≤ 1.2x",
             lambda v: v <= 1.2),
     ]
+    return rows
+
+
+def flow_rows(o: Options) -> list[Row]:
+    """The ``flows`` phase: a chain and a batch per step against plain long-lane jobs."""
+    rows = []
+    for kind, steps in (("chain", f"{o.flow_chain_n:,} steps"),
+                        ("batch", f"{o.flow_batch_n:,} jobs and a callback")):
+        rows += [
+            Row(f"flow:{kind}:rate", f"Flows: {kind} of {steps}, 1 long-lane worker",
+                "jobs/s"),
+            Row(f"flow:{kind}:plain", "  as many plain long-lane jobs, 1 worker, same round",
+                "jobs/s"),
+            Row(f"flow:{kind}:overhead_ms", f"Flows: {kind}, time per step over a plain job",
+                "ms"),
+            Row(f"flow:{kind}:write_ms", f"Flows: {kind}, writing the flow (one transaction)",
+                "ms"),
+        ]
     return rows
 
 
@@ -225,6 +244,12 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "measured one after the other in each round. Completed jobs kept: written in one "
             "INSERT ... SELECT into the completed jobs' table, then VACUUM ANALYZE, with the "
             "same PENDING backlog before and after.")
+    if measured("flow:"):
+        out.append(
+            "- Flows: no-op steps on the engine's flow target (long lane), one run_long_lane "
+            "worker started first; clock from the flow's write (timed apart) to its "
+            "COMPLETED state, polled every 20 ms. Plain: the D1 drain of as many no-op "
+            "long-lane jobs, same round. Overhead: time per step minus time per plain job.")
     if measured("kafka"):
         out.append(
             f"- Kafka: a real Apache Kafka broker (scripts/kafka.sh, one node, loopback), "

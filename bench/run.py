@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from bench.harness import Options
 
 RESULTS = ROOT / "bench" / "results"
-PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka", "policies")
+PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka", "policies", "flows")
 EXTRA_PHASES = ("profile",)
 KAFKA_DIR_DEFAULT = "<tmp>/jobs-engine-kafka-bench"
 
@@ -66,6 +66,10 @@ def parser() -> argparse.ArgumentParser:
                    help="port of the bench's own broker (scripts/kafka.sh JOBS_KAFKA_PORT)")
     p.add_argument("--kafka-dir", default=None,
                    help=f"its data dir (JOBS_KAFKA_DIR; default {KAFKA_DIR_DEFAULT})")
+    p.add_argument("--flow-chain-n", type=int, default=1_000, help="steps of the flows "
+                   "phase's chain")
+    p.add_argument("--flow-batch-n", type=int, default=10_000, help="jobs of the flows "
+                   "phase's batch (and a callback)")
     p.add_argument("--policy-done-n", type=int, default=1_000_000,
                    help="completed jobs kept while the policies phase times a poll")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
@@ -102,7 +106,8 @@ def options(args: argparse.Namespace) -> Options:
     return Options(args.e100_n, args.e1_n, args.d1_n, args.long_n, args.lat_n, args.lat_rate,
                    args.poll_small, args.poll_big, args.poll_reps, args.worker_log_level.upper(),
                    args.drain_poll_ms / 1000, args.kafka_n, args.kafka_keys, args.kafka_port,
-                   results_dir=args.results_dir, policy_done_n=args.policy_done_n, **extra)
+                   results_dir=args.results_dir, policy_done_n=args.policy_done_n,
+                   flow_chain_n=args.flow_chain_n, flow_batch_n=args.flow_batch_n, **extra)
 
 
 def prepare() -> None:

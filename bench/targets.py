@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Sequence
 
-from jobs_engine import registry
+from jobs_engine import flows, registry
 from jobs_engine.job import Job
 from jobs_engine.policies import JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
@@ -114,3 +114,11 @@ def register() -> None:
     for name, handler, kwargs in specs:
         if name not in known:
             registry.register_target(name, handler, **kwargs)
+    flows.register_step(STEP, noop_step)
+
+
+STEP = "bench.step"  # a flow step that does nothing (the flows phase)
+
+
+def noop_step(ctx: flows.StepContext) -> None:
+    return None

@@ -9,6 +9,7 @@ value; ``bench/report.py`` turns them into rows). Definitions: docs/benchmarks.m
 - ``kafka``: fast lane into a real broker, beside the raw ``confluent_kafka`` producer (one
   topic keeps no completed job: the cost of keeping them);
 - ``policies``: what keeping completed jobs costs (``bench/policies.py``);
+- ``flows``: a chain's and a batch's cost per step against plain jobs (``bench/flows.py``);
 - ``profile`` (on request): the fast lane's loop in this process under cProfile.
 
 Import after ``django.setup()``.
@@ -33,6 +34,7 @@ from django.db import connection
 
 from bench import targets
 from bench.baselines import raw_drain, raw_e1, raw_e100, raw_kafka
+from bench.flows import phase_flows
 from bench.harness import (
     Metrics,
     Options,
@@ -316,7 +318,7 @@ def phase_kafka(o: Options) -> Metrics:
 PHASE_FUNCS: dict[str, Callable[[Options], Metrics]] = {
     "e100": phase_e100, "e1": phase_e1, "d1": phase_d1, "long": phase_long,
     "latency": phase_latency, "poll": phase_poll, "profile": phase_profile,
-    "kafka": phase_kafka, "policies": phase_policies,
+    "kafka": phase_kafka, "policies": phase_policies, "flows": phase_flows,
 }
 
 

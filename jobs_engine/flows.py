@@ -205,7 +205,7 @@ def queue(steps: Sequence[FlowStep], using: str | None) -> None:
                             for step in steps], using=using)
     for step, result in zip(steps, results, strict=True):
         step.job_id, step.state = result.job_id, StepState.QUEUED
-    FlowStep.objects.using(using).bulk_update(list(steps), ["job_id", "state"])
+    store.flow_steps_queued([(step.id, step.job_id) for step in steps], using)  # type: ignore[misc]
 
 
 # -- running a step, and what its outcome does to the flow -----------------------------------

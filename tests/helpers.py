@@ -85,3 +85,26 @@ def require_postgres(suite: str, why: str) -> None:
         raise pytest.UsageError(
             f"{suite} {why} and needs PostgreSQL; set DATABASE_URL=postgres://... or do not "
             f"select {suite} on SQLite. Database engine in use: {engine}")
+
+
+def drain_long_lane(until: Callable[[], Any], rounds: int = 30) -> None:
+    """Run the long lane in this process (no threads) until ``until()`` or ``rounds``
+    passes, each a minute later than the last (past any retry wait of DEFAULT_POLICY)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs_engine.conf import load_settings
+    from jobs_engine.lanes.long import LongLane
+    from jobs_engine.lanes.pauses import PauseGate
+
+    settings = load_settings({}, environ={})
+    worker_id = f"drain-{uuid.uuid4().hex[:6]}"
+    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings), threads=False,
+                    monotonic=FakeMonotonic())
+    at = timezone.now()
+    for _ in range(rounds):
+        if until():
+            return
+        lane.run_once(at)
+        at += timedelta(minutes=1)

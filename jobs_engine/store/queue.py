@@ -33,7 +33,7 @@ from jobs_engine.models import (
     Worker,
 )
 from jobs_engine.models import Job as JobTable
-from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane
+from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane, StepState
 from jobs_engine.store.dialect import (
     clock_sql,
     dt,
@@ -83,6 +83,7 @@ __all__ = [
     "Guard",
     "NewJob",
     "cut_error",
+    "flow_steps_queued",
     "job_close_dead",
     "job_long_mark_started",
     "job_release_unchanged",
@@ -705,3 +706,21 @@ def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
         "ON CONFLICT (hour, target, outcome) "
         f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count", params,
     )
+
+
+# -- flows ---------------------------------------------------------------------------------
+
+
+def flow_steps_queued(step_jobs: Sequence[tuple[int, int]], using: str | None = None) -> None:
+    """Mark steps QUEUED, each with the job that runs it: (step id, job id) pairs, in one
+    statement per ``FLOW_STEP_CHUNK`` (a batch of 10,000 jobs is ten statements, where an
+    update per step or Django's ``bulk_update`` takes seconds)."""
+    for start in range(0, len(step_jobs), FLOW_STEP_CHUNK):
+        rows, params = table(step_jobs[start:start + FLOW_STEP_CHUNK], ("bigint", "bigint"),
+                             using=using)
+        execute(f"WITH v(id, job_id) AS ({rows}) UPDATE {FLOW_STEPS} SET state = %s, "
+                f"job_id = (SELECT v.job_id FROM v WHERE v.id = {FLOW_STEPS}.id) "
+                "WHERE id IN (SELECT id FROM v)", [*params, StepState.QUEUED.value], using)
+
+
+FLOW_STEP_CHUNK = 1000  # rows of one statement: SQLite takes at most 32,766 parameters

@@ -136,3 +136,73 @@ def test_jobs_list_over_the_demo_data(live_server: Any, page: Page,
     expect(page.locator("#changelist-filter")).to_contain_text("By status")
     path = shot("admin-jobs")
     assert path.stat().st_size < 300_000
+
+
+# -- job flows --------------------------------------------------------------------------------
+
+FLAKY = {"fixed": False}  # the render step fails until the test "deploys the fix"
+
+
+def e2e_query(ctx: Any) -> Any:
+    return {"rows": 3, "month": ctx.data}
+
+
+def e2e_render(ctx: Any) -> Any:
+    if not FLAKY["fixed"]:
+        raise RuntimeError("the template is missing a column")
+    return {"pages": ctx.previous["rows"]}
+
+
+def test_manager_starts_a_flow_watches_it_fail_retries_it_and_sees_it_complete(
+        live_server: Any, page: Page, shot: Callable[..., Path]) -> None:
+    from jobs_engine import flows
+    from jobs_engine.models import Flow
+    from jobs_engine.states import FlowState
+    from tests.helpers import drain_long_lane
+
+    flows.register_step("e2e.query", e2e_query)
+    flows.register_step("e2e.render", e2e_render)
+    flows.define("e2e-monthly-report", lambda month: flows.ChainSpec(
+        [flows.Step("e2e.query", month), flows.Step("e2e.render")]),
+        "Query the month's orders, then render the report")
+    FLAKY["fixed"] = False
+    user = manager("flow-operator", flows=True)
+    base = live_server.url
+    try:
+        log_in(page, base, user.username, shot)
+        page.goto(f"{base}/admin/jobs_engine/flow/")
+        page.click("text=Start a defined flow")
+        expect(page.locator("#start-flow")).to_contain_text(
+            "Query the month's orders, then render the report")
+        page.fill("#id_input", '"2026-11"')
+        shot("03-start-a-defined-flow")
+        page.click("input[name=start]")
+        expect(page.locator("#flow-summary")).to_contain_text("RUNNING")
+        flow = Flow.objects.get(name="e2e-monthly-report")
+        shot("04-flow-started")
+
+        # The workers run it: the render step fails three times and the flow is FAILED.
+        drain_long_lane(lambda: Flow.objects.get(id=flow.id).state != FlowState.RUNNING)
+        page.reload()
+        expect(page.locator("#flow-summary .flow-state")).to_have_text("FAILED")
+        expect(page.locator("tr[data-step='1'] .step-error")).to_contain_text(
+            "the template is missing a column")
+        expect(page.locator("tr[data-step='0'] .step-state")).to_have_text("DONE")
+        shot("05-flow-failed", full_page=True)
+
+        FLAKY["fixed"] = True  # the fix is deployed
+        page.click("button[name=retry]")
+        expect(page.locator(".messagelist")).to_contain_text("1 failed step(s) queued again")
+        drain_long_lane(lambda: Flow.objects.get(id=flow.id).state != FlowState.RUNNING)
+        page.reload()
+        expect(page.locator("#flow-summary .flow-state")).to_have_text("COMPLETED")
+        expect(page.locator("#flow-summary")).to_contain_text("2/2 steps done")
+        expect(page.locator("tr[data-step='1']")).to_contain_text('{"pages": 3}')
+        shot("06-flow-completed", full_page=True)
+        page.goto(f"{base}/admin/jobs_engine/flow/")
+        expect(page.locator("#result_list td.field-state")).to_have_text("Completed")
+        shot("07-flows-list", full_page=True)
+    finally:
+        flows._definitions.pop("e2e-monthly-report", None)
+        flows._step_handlers.pop("e2e.query", None)
+        flows._step_handlers.pop("e2e.render", None)

@@ -13,6 +13,7 @@ from jobs_engine.errors import InvalidFlow
 from jobs_engine.flows import FLOW_TARGET, Step
 from jobs_engine.models import Flow, FlowStep, Job
 from jobs_engine.states import FlowState, StepRole, StepState
+from tests.helpers import drain_long_lane
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,30 +116,6 @@ def test_register_step_refuses_a_name_that_is_not_a_string() -> None:
 # -- running: the long lane runs the steps, the outcome path advances the flow ---------------
 
 
-def drain(until: Any, rounds: int = 30) -> None:
-    """Run the long lane in this process (no threads) until ``until()`` or ``rounds``."""
-    import uuid
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from jobs_engine.conf import load_settings
-    from jobs_engine.lanes.long import LongLane
-    from jobs_engine.lanes.pauses import PauseGate
-    from tests.helpers import FakeMonotonic
-
-    settings = load_settings({}, environ={})
-    worker_id = f"flows-{uuid.uuid4().hex[:6]}"
-    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings), threads=False,
-                    monotonic=FakeMonotonic())
-    at = timezone.now()
-    for _ in range(rounds):
-        if until():
-            return
-        lane.run_once(at)
-        at += timedelta(seconds=60)  # past any retry wait of the default policy
-
-
 @pytest.fixture
 def steps() -> Any:
     """Register step handlers for one test; each call is recorded as (name, context)."""
@@ -168,7 +145,7 @@ def test_a_chain_hands_each_step_the_previous_result(flow_target: Any, steps: An
     steps("r.mail", lambda ctx: {"sent": ctx.previous, "tenant": ctx.tenant_id})
     flow_id = flows.chain("monthly", [Step("r.query", {"month": "11"}), Step("r.render"),
                                       Step("r.mail")], tenant_id="acme")
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     flow = Flow.objects.get(id=flow_id)
     assert (flow.state, flow.steps_done) == (FlowState.COMPLETED, 3)
     assert flow.finished_at is not None
@@ -183,7 +160,7 @@ def test_a_batch_callback_gets_every_result_in_order(flow_target: Any, steps: An
     steps("summary", lambda ctx: sum(ctx.results))
     flow_id = flows.batch("import", [Step("chunk", n) for n in range(5)],
                           on_complete=Step("summary"))
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     callback = FlowStep.objects.get(flow_id=flow_id, role=StepRole.CALLBACK)
     assert flow_state(flow_id) == FlowState.COMPLETED
     assert steps.calls[-1][1].results == (0, 10, 20, 30, 40)
@@ -199,7 +176,7 @@ def test_a_failed_step_fails_the_flow_and_the_rest_wait(flow_target: Any, steps:
     steps("two", broken)
     steps("three", lambda ctx: 3)
     flow_id = flows.chain("c", [Step("one"), Step("two"), Step("three")])
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     assert flow_state(flow_id) == FlowState.FAILED
     states = dict(FlowStep.objects.filter(flow_id=flow_id).values_list("name", "state"))
     assert states == {"one": StepState.DONE, "two": StepState.FAILED,
@@ -211,7 +188,7 @@ def test_a_failed_step_fails_the_flow_and_the_rest_wait(flow_target: Any, steps:
 
 def test_an_unknown_step_name_fails_that_step_never_completes_it(flow_target: Any) -> None:
     flow_id = flows.chain("c", [Step("nobody.handles.this")])
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     step = FlowStep.objects.get(flow_id=flow_id)
     assert (flow_state(flow_id), step.state) == (FlowState.FAILED, StepState.FAILED)
     assert "no step handler registered for nobody.handles.this" in step.last_error
@@ -233,12 +210,12 @@ def test_retry_queues_only_the_failed_step_and_the_flow_carries_on(flow_target: 
     steps("two", render)
     steps("three", lambda ctx: {"got": ctx.previous})
     flow_id = flows.chain("c", [Step("one"), Step("two"), Step("three")])
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     assert flow_state(flow_id) == FlowState.FAILED
     fixed["render"] = True
     assert flows.retry(flow_id) == 1
     assert flow_state(flow_id) == FlowState.RUNNING
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     assert flow_state(flow_id) == FlowState.COMPLETED
     names = [name for name, _ in steps.calls]
     assert names.count("one") == 1 and names.count("three") == 1
@@ -350,7 +327,7 @@ def test_step_jobs_stay_with_their_flow_whatever_the_keep_counts(
     flow_id = flows.batch("b", [Step("j", n, target="keeps.none") for n in range(3)],
                           on_complete=Step("sum"))
     steps("sum", lambda ctx: [r["n"] for r in ctx.results])
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     assert flow_state(flow_id) == FlowState.COMPLETED
     step_jobs = list(FlowStep.objects.filter(flow_id=flow_id).values_list("job_id", flat=True))
     assert CompletedJob.objects.filter(id__in=step_jobs).count() == 4
@@ -381,7 +358,7 @@ def test_a_failed_flow_keeps_its_dead_job_until_the_flow_expires(
 
     steps("x", broken)
     flow_id = flows.chain("c", [Step("x")])
-    drain(lambda: flow_state(flow_id) != FlowState.RUNNING)
+    drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     dead = FlowStep.objects.get(flow_id=flow_id).job_id
     now = timezone.now()
     # Past DEAD_TTL_DAYS and keep_failed=0 would remove any other DEAD job.
