@@ -118,7 +118,7 @@ def expect(client, url, status, text="", **headers):
 
 def seed(user):
     # One row of each engine model, made by the engine's own functions.
-    from jobs_engine import enqueue, store
+    from jobs_engine import enqueue, flows, store
     from jobs_engine.conf import jobs_settings
     from jobs_engine.operators.actions import audit
     from schedules.sync import sync_declared
@@ -133,6 +133,8 @@ def seed(user):
     store.job_stats_add({(now.replace(minute=0, second=0, microsecond=0), MAIL_SEND, "ok"): 3})
     audit(user, "probe", "job", job.job_id, ok=True, message="by the probe")
     sync_declared()
+    with transaction.atomic():
+        flows.chain("probe-flow", [flows.Step("probe.step", {"seeded": True})])
 
 
 def admin_pages(client):
