@@ -68,15 +68,29 @@ class EngineChangeList(ChangeList):
         return queryset.none()
 
 
-class ManagedAdmin(admin.ModelAdmin):
-    """Read-only pages: engine managers see all and act (through actions); a staff user
-    with Django's view permission sees the page without ``private`` fields and acts on
-    nothing."""
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Pages that never add, edit or delete a row in place (actions are guarded changes),
+    and lists that never count a whole table."""
 
     show_facets = admin.ShowFacets.NEVER  # facet counts scan the table
     show_full_result_count = False
     paginator = CappedCountPaginator
     list_per_page = 100
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ManagedAdmin(ReadOnlyAdmin):
+    """Engine managers see all and act (through actions); a staff user with Django's view
+    permission sees the page without ``private`` fields and acts on nothing."""
+
     # Private model fields (see may_see_job_text) → the name they are shown under; a user
     # who may not read them sees the stand-in ``<field>_hidden`` instead, and cannot filter
     # the list on them.
@@ -90,15 +104,6 @@ class ManagedAdmin(admin.ModelAdmin):
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
         return can_manage(request)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     # -- private fields --------------------------------------------------------------------
 

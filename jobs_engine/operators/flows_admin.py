@@ -31,7 +31,7 @@ from jobs_engine.models import (
     FlowStep,
     Job,
 )
-from jobs_engine.operators.admin_base import age
+from jobs_engine.operators.admin_base import ReadOnlyAdmin, age
 from jobs_engine.states import StepRole
 from jobs_engine.tenancy import tenant_of
 
@@ -41,24 +41,12 @@ def can_manage_flows(request: HttpRequest) -> bool:
 
 
 @admin.register(Flow)
-class FlowAdmin(admin.ModelAdmin):
+class FlowAdmin(ReadOnlyAdmin):
     list_display = ("id", "name", "state", "progress", "tenant_id", "started", "finished_at")
     list_filter = ("state",)
     search_fields = ("=name",)
     ordering = ("-id",)
-    show_facets = admin.ShowFacets.NEVER
-    show_full_result_count = False
-    list_per_page = 100
     change_form_template = "admin/jobs_engine/flow/change_form.html"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Flow]:
         tenant = tenant_of(request)

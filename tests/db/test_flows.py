@@ -271,18 +271,6 @@ def test_another_tenants_flow_is_not_found(flow_target: Any) -> None:
 # -- defined flows ------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def monthly() -> Any:
-    def build(month: Any) -> flows.ChainSpec:
-        if not isinstance(month, str):
-            raise InvalidFlow("input", "must be a month such as '2026-11'")
-        return flows.ChainSpec([Step("report.query", {"month": month}), Step("report.render")])
-
-    definition = flows.define("monthly-report", build, "Build and mail the monthly report")
-    yield definition
-    flows._definitions.pop("monthly-report", None)
-
-
 def test_a_defined_flow_starts_by_name(flow_target: Any, monthly: Any) -> None:
     assert monthly in flows.definitions()
     flow_id = flows.start("monthly-report", "2026-11", tenant_id="acme")

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.http import HttpRequest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -16,6 +15,7 @@ from jobs_engine import flows
 from jobs_engine.flows import Step
 from jobs_engine.models import Flow, FlowStep, Job
 from jobs_engine.states import FlowState, StepState
+from tests.db.conftest import BY_TENANT
 
 pytestmark = pytest.mark.django_db
 
@@ -45,9 +45,6 @@ def viewer() -> Client:
 def operator() -> Client:
     return staff_with("view_flow", "manage_flows", username="operator")
 
-
-def by_tenant(request: HttpRequest) -> str | None:
-    return request.headers.get("X-Tenant")
 
 
 def failed_chain() -> int:
@@ -131,7 +128,7 @@ def test_start_a_defined_flow_with_a_json_input(operator: Client, viewer: Client
 
 def test_another_tenants_flow_is_404_like_an_unknown_id(operator: Client,
                                                         settings: Any) -> None:
-    settings.JOBS = {"TENANT_RESOLVER": f"{__name__}.by_tenant"}
+    settings.JOBS = {"TENANT_RESOLVER": BY_TENANT}
     theirs = flows.chain("theirs", [Step("a")], tenant_id="b")
     ours = flows.chain("ours", [Step("a")], tenant_id="a")
     as_a = {"HTTP_X_TENANT": "a"}

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
-from django.http import HttpRequest
 from django.test import Client
 
 from jobs_engine import flows
 from jobs_engine.flows import Step
 from jobs_engine.models import Flow, FlowStep, Job
 from jobs_engine.states import FlowState, StepState
+from tests.db.conftest import BY_TENANT
 
 pytestmark = pytest.mark.django_db
 
@@ -42,22 +42,6 @@ def viewer() -> Client:
 def manager() -> Client:
     return client_of(user_with("view_flow", "manage_flows", username="flows-manager"))
 
-
-@pytest.fixture
-def monthly() -> Any:
-    def build(month: Any) -> flows.ChainSpec:
-        if not isinstance(month, str):
-            from jobs_engine.errors import InvalidFlow
-            raise InvalidFlow("input", "must be a month such as '2026-11'")
-        return flows.ChainSpec([Step("report.query", {"month": month}), Step("report.render")])
-
-    yield flows.define("monthly-report", build, "Build and mail the monthly report")
-    flows._definitions.pop("monthly-report", None)
-
-
-def by_tenant(request: HttpRequest) -> str | None:
-    """The test's tenant resolver: the ``X-Tenant`` header, none for the operator."""
-    return request.headers.get("X-Tenant")
 
 
 @pytest.mark.parametrize(("method", "path"), [
@@ -137,7 +121,7 @@ def test_retry_with_nothing_failed_and_cancel_while_running_are_409(manager: Cli
 
 def test_another_tenants_flow_answers_404_like_an_unknown_id(manager: Client,
                                                             settings: Any) -> None:
-    settings.JOBS = {"TENANT_RESOLVER": f"{__name__}.by_tenant"}
+    settings.JOBS = {"TENANT_RESOLVER": BY_TENANT}
     theirs = flows.chain("c", [Step("a")], tenant_id="b")
     ours = flows.chain("c", [Step("a")], tenant_id="a")
     as_a = {"HTTP_X_TENANT": "a"}

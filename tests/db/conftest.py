@@ -1,0 +1,34 @@
+"""Fixtures of the database tests: a defined flow for the flows' tests; and a tenant resolver
+reading a header (``BY_TENANT``, importable as ``tests.db.conftest.by_tenant``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from django.http import HttpRequest
+
+from jobs_engine import flows
+from jobs_engine.errors import InvalidFlow
+from jobs_engine.flows import Definition, Step
+
+MONTHLY = "monthly-report"
+# For ``JOBS["TENANT_RESOLVER"]``: the tests act as the tenant of the ``X-Tenant`` header.
+BY_TENANT = f"{__name__}.by_tenant"
+
+
+def by_tenant(request: HttpRequest) -> str | None:
+    return request.headers.get("X-Tenant")
+
+
+def build_monthly(month: object) -> flows.ChainSpec:
+    if not isinstance(month, str):
+        raise InvalidFlow("input", "must be a month such as '2026-11'")
+    return flows.ChainSpec([Step("report.query", {"month": month}), Step("report.render")])
+
+
+@pytest.fixture
+def monthly() -> Iterator[Definition]:
+    """The defined flow ``monthly-report`` (a chain of two; a non-text input is refused)."""
+    yield flows.define(MONTHLY, build_monthly, "Build and mail the monthly report")
+    flows._definitions.pop(MONTHLY, None)
