@@ -113,6 +113,15 @@ INSTALLED_APPS = [
     "examples",
 ]
 
+# Django's Tasks API, delivered by the engine: every queue runs on the long lane
+# (run_workers, run_long_lane). See the README's "Using Django's Tasks API".
+TASKS = {
+    "default": {
+        "BACKEND": "jobs_engine.tasks.JobsEngineBackend",
+        "QUEUES": ["default"],
+    },
+}
+
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

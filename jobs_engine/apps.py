@@ -9,6 +9,7 @@ class JobsEngineConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.conf import settings
         from django.core.signals import setting_changed
 
         from jobs_engine import (
@@ -19,7 +20,19 @@ class JobsEngineConfig(AppConfig):
 
         setting_changed.connect(reset_settings_cache)
         flows.register_flow_target()
+        if _names_this_engine(getattr(settings, "TASKS", None)):
+            from jobs_engine.tasks.queues import register_configured_backends
+
+            register_configured_backends()
         if find_spec("ninja") is not None:  # the ``api`` extra: the flows' routes join it
             from jobs_engine.operators.flows_api import attach
 
             attach()
+
+
+def _names_this_engine(tasks: object) -> bool:
+    """Whether ``TASKS`` configures a backend of this package (its queues' targets are then
+    registered at start-up, before a worker polls)."""
+    return isinstance(tasks, dict) and any(
+        isinstance(params, dict) and str(params.get("BACKEND", "")).startswith("jobs_engine.")
+        for params in tasks.values())

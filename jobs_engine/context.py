@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -40,6 +42,33 @@ def job_context(trace_id: str | None, actor: dict[str, Any] | None = None) -> It
     finally:
         _trace_id.reset(trace_token)
         _actor.reset(actor_token)
+
+
+@dataclass(frozen=True)
+class LongLaneTry:
+    """The try a long-lane handler runs in: its worker, when it started, and the job's
+    earlier tries (its ``tries`` entries, oldest first)."""
+
+    worker_id: str
+    started_at: datetime
+    earlier: tuple[dict[str, Any], ...]
+
+
+_try: ContextVar[LongLaneTry | None] = ContextVar("jobs_engine_try", default=None)
+
+
+def current_try() -> LongLaneTry | None:
+    """The running long-lane try, inside its handler; None anywhere else."""
+    return _try.get()
+
+
+@contextmanager
+def try_context(running: LongLaneTry) -> Iterator[None]:
+    token = _try.set(running)
+    try:
+        yield
+    finally:
+        _try.reset(token)
 
 
 # What a request may name as its trace id: anything else (a NUL, text no column can hold,

@@ -22,11 +22,13 @@ from jobs_engine.context import current_actor, current_trace_id
 from jobs_engine.errors import InvalidJob
 from jobs_engine.lanes import lossy
 from jobs_engine.registry import Target, get_target
+from jobs_engine.states import Lane
 from jobs_engine.text import NUL_PROBLEM, SURROGATE_PROBLEM, json_text
 
 MAX_DEDUPE_KEY_LENGTH = 255
 _COLUMN_KEY_LENGTH = 255
 _COLUMN_CODE_LENGTH = 200
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # Django's Tasks API uses the same range
 
 @dataclass(frozen=True)
 class EnqueueResult:
@@ -66,7 +68,7 @@ def _json_text(field: str, value: Any, max_bytes: int | None = None) -> str:
 
 def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, store.NewJob]:
     unknown = set(item) - {"target", "payload", "code", "key", "version", "dedupe_key",
-                           "headers", "run_at"}
+                           "headers", "run_at", "priority"}
     if unknown:
         raise InvalidJob(sorted(unknown)[0], "is not an enqueue argument")
     if "target" not in item:
@@ -91,13 +93,21 @@ def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, sto
     run_at = item.get("run_at")
     if run_at is not None and (not isinstance(run_at, datetime) or timezone.is_naive(run_at)):
         raise InvalidJob("run_at", "must be a timezone-aware datetime")
+    priority = item.get("priority") or 0
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJob("priority", f"must be a whole number from {MIN_PRIORITY} to "
+                                     f"{MAX_PRIORITY}, got {priority!r}")
+    if priority and target.lane is not Lane.LONG:
+        raise InvalidJob("priority", f"orders the long lane only; {target.name} runs on the "
+                                     f"{target.lane.value} lane, in key order")
     dedupe_key = dedupe_key or uuid.uuid4().hex
     return target, store.NewJob(
         code=code or target.name, target=target.name, lane=target.lane.value, key=key,
         partition=partition_for(key, dedupe_key, settings.PARTITIONS), version=version or 0,
         payload_json=payload_json, headers=dict(headers), dedupe_key=dedupe_key,
         delivery_mode=target.delivery_mode.value, trace_id=current_trace_id(),
-        actor=current_actor(), run_at=run_at,
+        actor=current_actor(), run_at=run_at, priority=priority,
     )
 
 
@@ -143,14 +153,15 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
 def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | None = None,
             version: int | None = None, dedupe_key: str | None = None,
             headers: Mapping[str, Any] | None = None, run_at: datetime | None = None,
-            using: str | None = None) -> EnqueueResult:
+            priority: int = 0, using: str | None = None) -> EnqueueResult:
     """Enqueue one job inside the caller's transaction (autocommit outside one).
 
     Business code should derive ``dedupe_key`` from the change (``<event>:<key>:<version>``)
     so a replayed request cannot make a second job; without one a random key is used.
+    ``priority`` (long lane, -100..100): among due jobs a higher one runs first.
     """
     item = {"target": target, "payload": payload, "code": code, "key": key, "version": version,
-            "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at}
+            "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at, "priority": priority}
     return enqueue_many([item], using=using)[0]
 
 

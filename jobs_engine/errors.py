@@ -108,6 +108,11 @@ class DeadNow(JobsEngineError):
     """A resend can never succeed (e.g. the record is invalid): DEAD at once."""
 
 
+class WorkerLost(JobsEngineError):
+    """Recorded, never raised: a try whose worker stopped answering (killed, stalled past its
+    lease). It names such a try in a long-lane job's ``tries``."""
+
+
 class InvalidResult(JobsEngineError):
     """A handler returned a value the engine cannot store as JSON: the handler's bug, so
     the try fails (and is retried by the target's policy) rather than losing the value."""

@@ -28,6 +28,10 @@ class JobInfo:
     created_at: datetime
     started_at: datetime | None  # the last try's start
     finished_at: datetime | None  # DONE: when it completed; DEAD: when it went DEAD
+    payload: Any = None
+    running_on: str | None = None  # RUNNING: the worker that holds it
+    # Long lane: the tries that ended, oldest first (``models.TRIES_HELP``)
+    tries: tuple[dict[str, Any], ...] = ()
 
 
 def get_job(job_id: int) -> JobInfo | None:
@@ -40,8 +44,11 @@ def get_job(job_id: int) -> JobInfo | None:
     if row is None:
         return None
     (job_id, target, code, key, status, attempts, result, last_error, created_at, started_at,
-     finished_at) = row
+     finished_at, payload, running_on, tries) = row
     return JobInfo(id=job_id, target=target, code=code, key=key, status=JobStatus(status),
                    attempts=attempts, result=read_json(result), last_error=last_error,
                    created_at=read_dt(created_at),  # type: ignore[arg-type]
-                   started_at=read_dt(started_at), finished_at=read_dt(finished_at))
+                   started_at=read_dt(started_at), finished_at=read_dt(finished_at),
+                   payload=read_json(payload),
+                   running_on=running_on if status == JobStatus.RUNNING else None,
+                   tries=tuple(read_json(tries) or ()))

@@ -18,6 +18,8 @@ VIEW_FLOWS_PERMISSION = "jobs_engine.view_flow"  # Django's own view permission 
 MANAGE_FLOWS_PERMISSION = "jobs_engine.manage_flows"
 
 PENDING = Q(status=JobStatus.PENDING)
+TRIES_HELP = ("Long lane: one entry per try that ended: the worker, its start and end, and "
+              "the exception's class and traceback when it raised.")
 RUNNING = Q(status=JobStatus.RUNNING)
 
 
@@ -51,13 +53,20 @@ class Job(models.Model):
     actor = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Long lane: among due jobs a higher priority runs first. Database-side defaults: a
+    # worker of the previous release, still running during a rolling upgrade, inserts
+    # rows without these columns.
+    priority = models.SmallIntegerField(default=0, db_default=0,
+                                        help_text="Long lane: -100..100, higher runs first.")
+    tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
 
     class Meta:
         indexes = [
-            # Long lane reserve: due rows in run order. Long lane only, so a fast-lane
-            # poll can only read its own target's index, never walk other targets' rows.
-            models.Index(fields=["next_run_at", "id"], condition=PENDING & Q(lane=Lane.LONG),
-                         name="jobs_long_pending_due"),
+            # Long lane reserve: due rows in run order, the highest priority first. Long
+            # lane only, so a fast-lane poll can only read its own target's index, never
+            # walk other targets' rows.
+            models.Index(fields=["-priority", "next_run_at", "id"],
+                         condition=PENDING & Q(lane=Lane.LONG), name="jobs_long_pending_due"),
             # Fast lane poll: due rows of one target in run order.
             models.Index(fields=["target", "next_run_at", "id"],
                          condition=PENDING & Q(lane=Lane.FAST), name="jobs_fast_pending_due"),
@@ -111,6 +120,7 @@ class CompletedJob(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField()
     duration_ms = models.FloatField(default=0.0)
+    tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
 
     class Meta:
         db_table = "jobs_engine_done"

@@ -14,3 +14,19 @@ from config.settings import *  # noqa: F403
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
     DATABASES["default"]["TEST"] = {  # noqa: F405
         "NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
+
+# Django's Tasks API on the engine (tests/db/test_tasks*.py, tests/process/test_tasks_processes.py):
+# "once" runs at most once, "retried" tries three times, "kept" keeps only 2 results.
+TASKS = {
+    "default": {
+        "BACKEND": "jobs_engine.tasks.JobsEngineBackend",
+        "QUEUES": ["default", "emails", "once", "retried", "kept"],
+        "OPTIONS": {
+            "QUEUE_OPTIONS": {
+                "once": {"DELIVERY_MODE": "at_most_once"},
+                "retried": {"POLICY": "tests.task_functions.THREE_TRIES"},
+                "kept": {"POLICY": "tests.task_functions.KEEP_TWO"},
+            },
+        },
+    },
+}

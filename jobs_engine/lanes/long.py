@@ -20,12 +20,13 @@ from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
+from jobs_engine.context import LongLaneTry, try_context
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes.clock import DatabaseClock
 from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, is_database_fault
-from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record
+from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import Lane
@@ -53,6 +54,7 @@ class LongLane:
         self._pool = (ThreadPoolExecutor(settings.LONG_BATCH, thread_name_prefix="long-lane")
                       if threads else None)
         self._futures: set[Future[None]] = set()
+        self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
 
     def in_hand(self) -> int:
         with self._lock:
@@ -77,6 +79,11 @@ class LongLane:
             exclusive_targets=[t.name for t in mine if t.exclusive],
             targets=sorted(t.name for t in mine if t.name not in gate.skip),
         )
+        self._next_due_at = None
+        if not jobs:
+            next_due = store.jobs_long_next_due([t.name for t in mine], now)
+            if next_due is not None:
+                self._next_due_at = self._monotonic() + (next_due - now).total_seconds()
         jobs, give_back, probes = self.pauses.probe_rows(jobs, gate, now)
         for job in give_back:
             store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
@@ -91,6 +98,14 @@ class LongLane:
                 self._futures.add(future)
                 future.add_done_callback(self._futures.discard)
         return len(jobs)
+
+    def due_in_s(self) -> float | None:
+        """Seconds until the next deferred row comes due, when the last poll found nothing
+        due: the worker waits no longer (``run_after`` is honoured to the poll, not to the
+        next idle poll)."""
+        if self._next_due_at is None:
+            return None
+        return max(0.0, self._next_due_at - self._monotonic())
 
     def _run_in_thread(self, job: Job, token: str, probe: bool) -> None:
         try:
@@ -110,7 +125,9 @@ class LongLane:
         started = self._monotonic()
         clock = DatabaseClock(now or store.db_now(), self._monotonic)
         try:
-            if not store.job_long_mark_started(job.id, token, clock()):
+            started_at = clock()
+            earlier = store.job_long_mark_started(job.id, token, started_at)
+            if earlier is None:
                 logger.warning("long lane lost job %s before it started", job.id)
                 return
             target: Target | None
@@ -119,10 +136,13 @@ class LongLane:
             except UnknownTarget as exc:
                 target, answer = None, Handed(exc)
             else:
-                answer = call_handler(target, job)
+                with try_context(LongLaneTry(self.worker_id, started_at, tuple(earlier))):
+                    answer = call_handler(target, job)
             duration_ms = (self._monotonic() - started) * 1000
-            result = RunResult(job, judge(job, target, answer.error, clock()), duration_ms,
-                               answer.result_json)
+            finished_at = clock()
+            result = RunResult(job, judge(job, target, answer.error, finished_at), duration_ms,
+                               answer.result_json,
+                               try_entry(self.worker_id, started_at, finished_at, answer.error))
             self._record(token, result, clock)
             if probe and not result.outcome.pause_target:
                 self.pauses.probe_answered(job.target)

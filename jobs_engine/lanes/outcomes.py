@@ -10,7 +10,9 @@ use.
 
 from __future__ import annotations
 
+import json
 import logging
+import traceback
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +31,7 @@ from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.registry import Target, policy_for
 from jobs_engine.signals import announce_dead, log_run
 from jobs_engine.states import DeliveryMode, Lane
+from jobs_engine.text import clean
 
 logger = logging.getLogger("jobs_engine")
 
@@ -104,6 +107,25 @@ class RunResult(NamedTuple):
     outcome: Outcome
     duration_ms: float
     result_json: str | None = None  # what the handler returned, as JSON text
+    try_json: str | None = None  # long lane: the entry this try adds to the row's ``tries``
+
+
+TRACEBACK_LIMIT = 8000  # characters of a try's traceback kept: its end, where the error is
+
+
+def try_entry(worker_id: str, started_at: datetime, finished_at: datetime,
+              error: BaseException | None) -> str:
+    """A long-lane try as the JSON text of its ``tries`` entry (``models.TRIES_HELP``):
+    the worker, its start and end, and what it raised. ``store`` builds the same entry in
+    SQL for a try whose worker was lost."""
+    entry = {"worker": worker_id, "started_at": started_at.isoformat(),
+             "finished_at": finished_at.isoformat()}
+    if error is not None:
+        kind = type(error)
+        entry["error"] = f"{kind.__module__}.{kind.__qualname__}"
+        entry["traceback"] = clean("".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:],
+                                   TRACEBACK_LIMIT)
+    return json.dumps(entry)
 
 
 def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
@@ -144,7 +166,7 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
                 else policy_for(target).keep_completed)
         matched = store.jobs_done(guard, [
             store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
-                       now - timedelta(milliseconds=r.duration_ms), r.duration_ms)
+                       now - timedelta(milliseconds=r.duration_ms), r.duration_ms, r.try_json)
             for r in group], now, keep=keep)
         # A statement for a whole send reports only a count; a short one is rare (a
         # takeover raced us): the rows still in the table are the ones it did not match.
@@ -159,14 +181,15 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         if kind is OutcomeKind.RETRIED:
             assert outcome.run_at is not None
             ok = store.job_retry_later(guard, job.id, job.attempts, outcome.run_at,
-                                       outcome.error, now)
+                                       outcome.error, now, result.try_json)
             if ok and guard.lane is Lane.FAST and job.key is not None:
                 store.jobs_hold_key_until(job, outcome.run_at)
         elif kind is OutcomeKind.PAUSED:
             ok = store.job_release_unchanged(guard, job.id, job.attempts, outcome.error, now)
         else:
             ok = store.job_close_dead(guard, job.id, job.attempts, outcome.error, now,
-                                      spend_attempt=outcome.spend_attempt)
+                                      spend_attempt=outcome.spend_attempt,
+                                      try_json=result.try_json)
         if ok:
             written.append(result)
         if outcome.pause_target:

@@ -280,6 +280,10 @@ class WorkerProcess:
                     faulted |= step.database_fault
                     handled_total += step.value
                     delays.append(next_poll_delay(step.value, idle, self.settings))
+                    if lane is Lane.LONG and self.long is not None:
+                        due_in = self.long.due_in_s()
+                        if due_in is not None:
+                            delays.append(due_in)
             for service in self.services:
                 delays.append(self._survive("service", service, self.settings.POLL_S).value)
             idle = 0 if handled_total else idle + 1

@@ -179,6 +179,21 @@ def json_array_has(array_column: str, value_column: str) -> str:
     return f"EXISTS (SELECT 1 FROM json_each({array_column}) e WHERE e.value = {value_column})"
 
 
+def json_append(array_sql: str, item_sql: str) -> str:
+    """The JSON array ``array_sql`` (NULL for an empty one) with the JSON object
+    ``item_sql`` appended."""
+    if is_postgres():
+        return f"COALESCE({array_sql}, '[]'::jsonb) || ({item_sql})::jsonb"
+    return f"json_insert(COALESCE({array_sql}, '[]'), '$[#]', json({item_sql}))"
+
+
+def json_object(pairs: Sequence[tuple[str, str]]) -> str:
+    """A JSON object built in SQL from (key, SQL expression) pairs."""
+    function = "jsonb_build_object" if is_postgres() else "json_object"
+    arguments = ", ".join(f"'{key}', {value}" for key, value in pairs)
+    return f"{function}({arguments})"
+
+
 def writable_ctes() -> bool:
     """Whether one statement may read and update (PostgreSQL's data-modifying WITH)."""
     return is_postgres()

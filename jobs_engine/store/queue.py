@@ -41,6 +41,8 @@ from jobs_engine.store.dialect import (
     fetch,
     greatest,
     in_,
+    json_append,
+    json_object,
     json_param,
     jsonb,
     notify_after_insert,
@@ -69,6 +71,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "PARTITIONS",
     "PAUSES",
+    "RELEASE_REASON",
     "RESCUE_PRESUMED_DEAD",
     "RESCUE_REASON",
     "RESCUE_RELEASE",
@@ -95,6 +98,7 @@ __all__ = [
     "jobs_hold_key_until",
     "jobs_ids_by_dedupe_key",
     "jobs_insert_many",
+    "jobs_long_next_due",
     "jobs_long_renew",
     "jobs_long_rescue_expired",
     "jobs_long_reserve",
@@ -118,6 +122,7 @@ NOTIFY_CHANNEL = "jobs_engine"
 LAST_ERROR_LIMIT = 2000
 TAKEOVER_REASON = "in flight when its partition was taken over"
 RESCUE_REASON = "lease expired while running; at-most-once rows are not run twice"
+RELEASE_REASON = "lease expired while running; run again (at least once)"
 
 # The state machine's edges each statement below takes.
 ENQUEUE = states.transition(DELETED, to=PENDING)
@@ -180,12 +185,13 @@ class NewJob:
     trace_id: str
     actor: dict[str, Any] | None
     run_at: datetime | None
+    priority: int = 0
 
 
 _INSERT_COLUMNS = ("code", "target", "lane", "key", "partition", "version", "payload", "headers",
-                   "dedupe_key", "delivery_mode", "run_at", "trace_id", "actor")
+                   "dedupe_key", "delivery_mode", "run_at", "trace_id", "actor", "priority")
 _INSERT_TYPES = ("text", "text", "text", "text", "smallint", "bigint", "text", "text", "text",
-                 "text", "timestamptz", "text", "text")
+                 "text", "timestamptz", "text", "text", "smallint")
 
 
 def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = None
@@ -205,7 +211,8 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         [(row.code, row.target, row.lane, row.key, row.partition, row.version,
           row.payload_json, json_param(row.headers), row.dedupe_key, row.delivery_mode,
           dt(row.run_at, using), row.trace_id,
-          json_param(row.actor) if row.actor is not None else None) for row in rows],
+          json_param(row.actor) if row.actor is not None else None, row.priority)
+         for row in rows],
         _INSERT_TYPES, using=using, arrays_from=1)  # one text for every batch size
     stamp, stamp_params = clock_sql(now, using)
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
@@ -216,11 +223,11 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         f"v AS (SELECT u.*, COALESCE(u.run_at, {stamp}) AS due, {stamp} AS stamp FROM u) "
         f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
         "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
-        "created_at, updated_at) "
+        "priority, created_at, updated_at) "
         f"SELECT code, target, lane, key, partition, version, {jsonb('payload', using)}, "
         f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
         f"{greatest('due', f'COALESCE({head_run_at}, due)')}, '', trace_id, "
-        f"{jsonb('actor', using)}, stamp, stamp FROM v WHERE true "
+        f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
         "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
     sql = notify_after_insert(insert, NOTIFY_CHANNEL)
     return {row[1]: row[0] for row in fetch(sql, [*params, *stamp_params, *stamp_params],
@@ -459,29 +466,44 @@ def jobs_hold_key_until(job: Job, run_at: datetime) -> int:
 # -- long lane ----------------------------------------------------------------------------
 
 
+# A try whose worker stopped answering: recorded as this exception (``errors.WorkerLost``).
+WORKER_LOST = "jobs_engine.errors.WorkerLost"
+
+
+def _lost_try() -> str:
+    """The ``tries`` entry of a started row whose lease expired, built from the row."""
+    return json_object([("worker", "claimed_by"), ("started_at", "started_at"),
+                        ("finished_at", "%s"), ("error", f"'{WORKER_LOST}'"),
+                        ("traceback", "%s")])
+
+
 def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
     """Deal with RUNNING rows whose lease expired (their worker died or stalled).
 
     At-most-once rows whose handler had started go DEAD instead of running twice, keeping
     their claim token (``Guard``: a holder alive after all still writes what happened);
-    every other expired row goes back to PENDING for any worker to reserve. Returns the
-    rows closed and the number released.
+    every other expired row goes back to PENDING for any worker to reserve. A started
+    row's try is recorded in ``tries`` as lost. Returns the rows closed and the number
+    released.
     """
     expired = dt(now)
+    lost = json_append("tries", _lost_try())
     dead = fetch(
         f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
-        "lease_until = NULL, updated_at = %s, attempts = attempts + 1 "
+        f"lease_until = NULL, updated_at = %s, attempts = attempts + 1, tries = {lost} "
         "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
         "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
-        [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired,
+        [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
          *RESCUE_PRESUMED_DEAD.source_values, expired, DeliveryMode.AT_MOST_ONCE.value],
     )
     released = execute(
         f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
         "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s, "
-        "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END "
+        "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, "
+        f"tries = CASE WHEN started_at IS NULL THEN tries ELSE {lost} END "
         "WHERE status = %s AND lease_until <= %s",
-        [RESCUE_RELEASE.target, expired, *RESCUE_RELEASE.source_values, expired],
+        [RESCUE_RELEASE.target, expired, expired, RELEASE_REASON,
+         *RESCUE_RELEASE.source_values, expired],
     )
     return [ClosedJob(r[0], r[1], r[2], r[3], RESCUE_REASON) for r in dead], released
 
@@ -498,6 +520,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
     target_clause, target_params = in_("j.target", targets)
+    order: dict[int, int] = {}
     excl_clause, excl_params = in_("j.target", exclusive_targets)
     reserved: list[Job] = []
     with transaction.atomic():
@@ -505,9 +528,10 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
             f"AND j.next_run_at <= %s AND {target_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
             f"SELECT 1 FROM {JOBS} r WHERE r.status = %s AND r.running_code = j.code)) "
-            f"ORDER BY j.next_run_at, j.id LIMIT %s{skip_locked()}",
+            f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
             [Lane.LONG.value, _PENDING, dt(now), *target_params, *excl_params, _RUNNING, limit],
         )
+        order = {job_id: place for place, (job_id, _, _) in enumerate(candidates)}
         exclusive = set(exclusive_targets)
         plain_ids = [job_id for job_id, target, _ in candidates if target not in exclusive]
         seen_codes: set[str] = set()
@@ -536,15 +560,29 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             except IntegrityError:
                 continue  # another worker runs this code right now
             reserved += [_job(row) for row in rows]
-    return sorted(reserved, key=lambda job: job.id or 0)
+    return sorted(reserved, key=lambda job: order[job.id])  # type: ignore[index]
 
 
-def job_long_mark_started(job_id: int, token: str, now: datetime) -> bool:
-    """Record that the handler is about to run; False when the claim was lost."""
-    return execute(
-        f"UPDATE {JOBS} SET started_at = %s WHERE id = %s AND claim_token = %s AND status = %s",
+def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
+    """When the next PENDING long-lane row of ``targets`` not yet due comes due: the lane
+    sleeps no longer than that (a deferred job runs on time, not at the next idle poll)."""
+    target_clause, target_params = in_("target", targets)
+    rows = fetch(f"SELECT MIN(next_run_at) FROM {JOBS} WHERE lane = %s AND status = %s "
+                 f"AND next_run_at > %s AND {target_clause}",
+                 [Lane.LONG.value, _PENDING, dt(now), *target_params])
+    return read_dt(rows[0][0]) if rows else None
+
+
+def job_long_mark_started(job_id: int, token: str, now: datetime
+                          ) -> list[dict[str, Any]] | None:
+    """Record that the handler is about to run; returns the row's earlier tries (the
+    ``tries`` entries), or None when the claim was lost."""
+    rows = fetch(
+        f"UPDATE {JOBS} SET started_at = %s WHERE id = %s AND claim_token = %s AND status = %s "
+        "RETURNING tries",
         [dt(now), job_id, token, _RUNNING],
-    ) == 1
+    )
+    return (read_json(rows[0][0]) or []) if rows else None
 
 
 def jobs_long_renew(tokens: Sequence[str], now: datetime, lease_s: float) -> set[str]:
@@ -600,13 +638,19 @@ class Guard:
 
 class Done(NamedTuple):
     """A job whose handler returned: (id, attempts read, result as JSON text or None, when
-    its try started, how long it took)."""
+    its try started, how long it took, and for the long lane its ``tries`` entry)."""
 
     id: int
     attempts: int
     result_json: str | None
     started_at: datetime
     duration_ms: float
+    try_json: str | None = None
+
+
+def _tries_after(tried: str, tries: str = "tries") -> str:
+    """The ``tries`` column with the entry ``tried`` (SQL, a JSON text or NULL) appended."""
+    return f"CASE WHEN {tried} IS NULL THEN {tries} ELSE {json_append(tries, tried)} END"
 
 
 def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -> int:
@@ -628,37 +672,40 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
     results, result_params = table(
-        [(d.id, d.result_json, dt(d.started_at), d.duration_ms) for d in kept],
-        ("bigint", "text", "timestamptz", "float8"))
+        [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
+        ("bigint", "text", "timestamptz", "float8", "text"))
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
                "payload, headers, trace_id, actor, created_at")
+    tries = _tries_after("r.tried", "m.tries")
     append = (
         f"INSERT INTO {DONE_JOBS} ({columns}, result, attempts, started_at, finished_at, "
-        f"duration_ms) SELECT {', '.join('m.' + c.strip() for c in columns.split(','))}, "
+        f"duration_ms, tries) SELECT {', '.join('m.' + c.strip() for c in columns.split(','))}, "
         f"{jsonb('r.result')}, m.attempts + 1, COALESCE(m.started_at, r.started_at), %s, "
-        "r.duration_ms FROM {moved} m JOIN r ON r.id = m.id")
+        f"r.duration_ms, {tries} FROM {{moved}} m JOIN r ON r.id = m.id")
     if writable_ctes():
         return fetch(
-            f"WITH r(id, result, started_at, duration_ms) AS ({results}), "
+            f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}), "
             f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
             f"appended AS ({append.format(moved='moved')} RETURNING 1) "
             "SELECT COUNT(*) FROM moved", [*result_params, *params, dt(now)])[0][0]
-    execute(f"WITH r(id, result, started_at, duration_ms) AS ({results}) "
+    execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
             + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
             [*result_params, dt(now), *params])
     return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
 
 
 def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,
-                    now: datetime) -> bool:
-    """An answered failure: one more attempt spent, run again at ``run_at``."""
+                    now: datetime, try_json: str | None = None) -> bool:
+    """An answered failure: one more attempt spent, run again at ``run_at``; ``try_json``
+    (long lane) is appended to the row's ``tries``."""
     where, where_params = guard.match([(job_id, attempts)])
     sets, set_params = guard.sets()
     return execute(
         f"UPDATE {JOBS} SET status = %s, attempts = attempts + 1, next_run_at = %s, "
-        f"last_error = %s, closed_at = NULL, updated_at = %s, {sets} WHERE {where}",
-        [RETRIED[guard.lane].target, dt(run_at), cut_error(error), dt(now), *set_params,
-         *where_params],
+        f"last_error = %s, closed_at = NULL, updated_at = %s, tries = {_tries_after('%s')}, "
+        f"{sets} WHERE {where}",
+        [RETRIED[guard.lane].target, dt(run_at), cut_error(error), dt(now), try_json, try_json,
+         *set_params, *where_params],
     ) == 1
 
 
@@ -678,15 +725,15 @@ def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str |
 
 
 def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: datetime, *,
-                   spend_attempt: bool) -> bool:
+                   spend_attempt: bool, try_json: str | None = None) -> bool:
     where, where_params = guard.match([(job_id, attempts)])
     sets, set_params = guard.sets()
     spent = "attempts = attempts + 1, " if spend_attempt else ""
     return execute(
         f"UPDATE {JOBS} SET status = %s, {spent}closed_at = %s, last_error = %s, updated_at = %s, "
-        f"{sets} WHERE {where}",
-        [CLOSED[guard.lane].target, dt(now), cut_error(error), dt(now), *set_params,
-         *where_params],
+        f"tries = {_tries_after('%s')}, {sets} WHERE {where}",
+        [CLOSED[guard.lane].target, dt(now), cut_error(error), dt(now), try_json, try_json,
+         *set_params, *where_params],
     ) == 1
 
 
