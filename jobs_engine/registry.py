@@ -18,6 +18,8 @@ from jobs_engine.policies import DEFAULT_POLICY, JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
 
 MAX_TARGET_NAME_LENGTH = 200
+# Targets named so run the queues of Django's Tasks API (``jobs_engine.tasks``), one each.
+TASK_TARGET_PREFIX = "tasks:"
 
 
 # A handler returns nothing, or a JSON-serialisable result kept with the completed job.

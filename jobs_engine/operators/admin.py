@@ -157,7 +157,7 @@ class JobChangeList(EngineChangeList):
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         # The list never shows the big columns: do not read them.
         return super().get_queryset(request, exclude_parameters).defer(
-            "payload", "headers", "last_error", "actor")
+            "payload", "headers", "last_error", "actor", "tries")
 
 
 # -- jobs ----------------------------------------------------------------------------------
@@ -189,9 +189,45 @@ class JobRowAdmin(ManagedAdmin):
             return queryset, False
         return queryset.filter(Q(key=term) | Q(dedupe_key=term)), False
 
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[tuple[Any, Any]]:
+        """A task of Django's Tasks API gets a section of its own first: its path, its
+        call (the payload: arguments, queue, priority) and, once completed, its return
+        value."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.target.startswith(registry.TASK_TARGET_PREFIX):
+            return fieldsets
+        moved = ("payload_json", "payload_hidden", "result_json", "result_hidden")
+        task = ("task", *(name for _, options in fieldsets for name in options["fields"]
+                          if name in moved))
+        rest = [(title, {**options, "fields": tuple(name for name in options["fields"]
+                                                    if name not in moved)})
+                for title, options in fieldsets]
+        return [("Task (Django's Tasks API)", {"fields": task}), *rest]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        return (*super().get_readonly_fields(request, obj), "task")
+
+    @admin.display(description="task")
+    def task(self, obj: Job | CompletedJob) -> str:
+        return obj.code
+
     @admin.display(description="payload")
     def payload_json(self, obj: Job | CompletedJob) -> str:
         return pretty_json(obj.payload)
+
+    @admin.display(description="tries")
+    def tries_text(self, obj: Job | CompletedJob) -> str:
+        """One line per try that ended: when, on which worker, and what it raised, with
+        the traceback's last line."""
+        lines = []
+        for number, entry in enumerate(obj.tries or [], start=1):
+            error = entry.get("error")
+            last = (entry.get("traceback") or "").strip().splitlines()[-1:] or [""]
+            outcome = f"raised {error}: {last[0]}" if error else "returned"
+            lines.append(f"{number}. {entry.get('started_at')} on {entry.get('worker')}: "
+                         f"{outcome}")
+        return format_html("<pre style='white-space: pre-wrap; margin: 0'>{}</pre>",
+                           "\n".join(lines) or "-")
 
     @admin.display(description="headers")
     def headers_json(self, obj: Job | CompletedJob) -> str:
@@ -230,17 +266,18 @@ class JobAdmin(JobRowAdmin):
     fieldsets = (
         (None, {"fields": ("id", "status", "target", "policy", "code", "lane", "key",
                            "version", "partition", "dedupe_key", "delivery_mode")}),
-        ("Run", {"fields": ("attempts", "next_run_at", "last_error_text", "closed_at",
-                            "created_at", "updated_at")}),
+        ("Run", {"fields": ("attempts", "priority", "next_run_at", "last_error_text",
+                            "tries_text", "closed_at", "created_at", "updated_at")}),
         ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
         ("Claim", {"fields": ("claimed_by", "claim_token", "lease_until", "started_at",
                               "running_code", "outcome_token")}),
     )
-    readonly_fields = ("policy", "last_error_text", "payload_json", "headers_json",
-                       "actor_json")
+    readonly_fields = ("policy", "last_error_text", "tries_text", "payload_json",
+                       "headers_json", "actor_json")
     private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
-               "last_error": "last_error_text"}
+               "last_error": "last_error_text", "tries": "tries_text"}
     last_error_hidden = hidden("last error")
+    tries_hidden = hidden("tries")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return JobChangeList
@@ -332,15 +369,16 @@ class CompletedJobAdmin(JobRowAdmin):
         (None, {"fields": ("id", "status", "target", "policy", "code", "lane", "key",
                            "version", "partition", "dedupe_key", "delivery_mode")}),
         ("Run", {"fields": ("attempts", "created_at", "started_at", "finished_at",
-                            "duration")}),
+                            "duration", "tries_text")}),
         ("Result", {"fields": ("result_json",)}),
         ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
     )
-    readonly_fields = ("status", "policy", "duration", "result_json", "payload_json",
-                       "headers_json", "actor_json")
+    readonly_fields = ("status", "policy", "duration", "result_json", "tries_text",
+                       "payload_json", "headers_json", "actor_json")
     private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
-               "result": "result_json"}
+               "result": "result_json", "tries": "tries_text"}
     result_hidden = hidden("result")
+    tries_hidden = hidden("tries")
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return CompletedJobChangeList
@@ -369,7 +407,7 @@ class CompletedJobChangeList(EngineChangeList):
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         # The list never shows the big columns: do not read them.
         return super().get_queryset(request, exclude_parameters).defer(
-            "payload", "headers", "result", "actor")
+            "payload", "headers", "result", "actor", "tries")
 
 
 def target_rows() -> list[dict[str, Any]]:

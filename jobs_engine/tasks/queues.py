@@ -29,7 +29,6 @@ TASKS_DELIVERY_MODE = DeliveryMode.AT_LEAST_ONCE
 
 OPTION_NAMES = ("POLICY", "DELIVERY_MODE", "QUEUE_OPTIONS")
 QUEUE_OPTION_NAMES = ("POLICY", "DELIVERY_MODE")
-TARGET_PREFIX = "tasks:"
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class QueueRules:
 
 def target_name(alias: str, queue: str) -> str:
     """The engine target that runs the tasks of ``queue`` of the backend ``alias``."""
-    return f"{TARGET_PREFIX}{alias}:{queue}"
+    return f"{registry.TASK_TARGET_PREFIX}{alias}:{queue}"
 
 
 def queue_rules(alias: str, queues: Sequence[str], options: Any) -> dict[str, QueueRules]:

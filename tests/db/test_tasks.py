@@ -308,6 +308,37 @@ def test_results_are_kept_by_the_queues_policy() -> None:
     assert [tasks.add.get_result(r.id).return_value for r in results[1:]] == [1, 2]
 
 
+# -- the admin ------------------------------------------------------------------------------------
+
+
+def test_the_admin_shows_a_task_path_arguments_tries_and_return_value() -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    from tests.db.operator_helpers import manager_client
+    from tests.db.test_access import viewer
+
+    done = tasks.add.enqueue(20, b=22)
+    failed = tasks.fail.enqueue("the <disk> is full")
+    Worker().drain()
+    manager = manager_client()
+    page = manager.get(reverse("admin:jobs_engine_completedjob_change", args=[done.id]))
+    text = page.content.decode()
+    assert page.status_code == 200 and "Task (Django&#x27;s Tasks API)" in text
+    assert "tests.task_functions.add" in text and "&quot;b&quot;: 22" in text
+    assert "<pre>42</pre>" in text or ">42<" in text  # the return value
+    page = manager.get(reverse("admin:jobs_engine_job_change", args=[failed.id]))
+    text = page.content.decode()
+    assert "1. " in text and "raised builtins.ValueError: ValueError: the &lt;disk&gt; is full" \
+        in text
+    other = Client()
+    other.force_login(viewer())
+    page = other.get(reverse("admin:jobs_engine_job_change", args=[failed.id]))
+    text = page.content.decode()
+    assert page.status_code == 200 and "tests.task_functions.fail" in text
+    assert "disk" not in text  # arguments and tries are private
+
+
 # -- bad input: Django's documented exceptions, nothing written ---------------------------
 
 

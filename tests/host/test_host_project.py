@@ -34,6 +34,7 @@ NOT_IN_SDIST = ("config", "examples", "bench", "tests", "scripts")
 # virtualenv): local state, and what an earlier build left behind.
 BUILD_SKIP = {"var", "build", "dist", "test-artifacts"}
 SECTION = "## Add it to your Django project"
+TASKS_SECTION = "## Using Django's Tasks API"
 PASSWORD = "host-test-password"
 METRICS_TOKEN = "host-test-metrics-token"
 DELIVERED = {"order": 1, "status": "paid"}
@@ -77,6 +78,21 @@ def nightly_report(slot, job: Job) -> None:
 def register() -> None:
     register_target(MAIL_SEND, send_mail, lane=Lane.FAST)
     declare("shop_nightly_report", "0 3 * * *", nightly_report)
+""",
+    # A task of Django's Tasks API, on a queue of the README's TASKS block.
+    "shop/tasks.py": """\
+import json
+
+from django.tasks import task
+
+from shop.jobs import OUTBOX
+
+
+@task(queue_name="emails", priority=10)
+def send_welcome(user_id: int) -> str:
+    with OUTBOX.open("a") as out:
+        out.write(json.dumps({"welcome": user_id}) + "\\n")
+    return "sent"
 """,
 }
 
@@ -161,6 +177,12 @@ if sys.argv[1] == "bare":
     expect(anonymous, "/jobs/api/v1/docs", 501, "pip install 'jobs-engine[api]'")
 else:
     user = get_user_model().objects.get(username="admin")
+    from shop.tasks import send_welcome
+
+    with open("task-id.txt") as task_id:
+        welcome = send_welcome.get_result(task_id.read())
+    if (welcome.status, welcome.return_value, welcome.attempts) != ("SUCCESSFUL", "sent", 1):
+        failures.append(f"FAIL the task's result: {welcome.status} {welcome.worker_ids}")
     seed(user)
     client = Client(raise_request_exception=False)
     if not client.login(username="admin", password=os.environ["DJANGO_SUPERUSER_PASSWORD"]):
@@ -177,15 +199,19 @@ print("\\n".join(failures))
 sys.exit(1 if failures else 0)
 """
 
-# Through ``manage.py shell -c``: one job committed with its transaction, one rolled back.
+# Through ``manage.py shell -c``: one job committed with its transaction, one rolled back,
+# and a task of Django's Tasks API whose result id goes to task-id.txt.
 ENQUEUE = f"""\
+from pathlib import Path
 from django.db import transaction
 from jobs_engine import enqueue
 from jobs_engine.models import Job
 from shop.jobs import MAIL_SEND
+from shop.tasks import send_welcome
 
 with transaction.atomic():
     enqueue(MAIL_SEND, {DELIVERED!r}, key="1", dedupe_key="order-paid:1")
+    Path("task-id.txt").write_text(send_welcome.enqueue(7).id)
 try:
     with transaction.atomic():
         enqueue(MAIL_SEND, {{"order": 2}}, key="2", dedupe_key="order-paid:2")
@@ -212,9 +238,9 @@ def run(cmd: list[str | Path], cwd: Path, env: dict[str, str] | None = None,
     return done.stdout
 
 
-def readme_section() -> str:
+def readme_section(title: str = SECTION) -> str:
     text = (REPO / "README.md").read_text()
-    start = text.index(f"\n{SECTION}\n")
+    start = text.index(f"\n{title}\n")
     end = text.find("\n## ", start + 1)
     return text[start:end if end != -1 else None]
 
@@ -223,7 +249,8 @@ def code_block(section: str, first_line: str) -> str:
     """The section's one fenced block that starts with ``first_line``."""
     blocks = re.findall(r"^```\w*\n(.*?)^```", section, re.M | re.S)
     found = [block for block in blocks if block.startswith(first_line + "\n")]
-    assert len(found) == 1, f"README {SECTION!r}: want one block starting {first_line!r}"
+    assert len(found) == 1, f"README {section.splitlines()[1]!r}: want one block starting " \
+                            f"{first_line!r}"
     return found[0]
 
 
@@ -336,10 +363,13 @@ def start_project(python: Path, project: Path, section: str) -> None:
 
 def write_settings(project: Path, section: str, *, api: bool) -> None:
     """startproject's settings, then the README's block (its ``"ninja"`` line only with the
-    api extra installed), then the shop app."""
+    api extra installed), then the shop app; with the extras, the Tasks API's block of
+    "Using Django's Tasks API" too."""
     block = code_block(section, "# settings.py")
     if not api:
         block = "\n".join(line for line in block.splitlines() if '"ninja"' not in line)
+    else:
+        block += "\n" + code_block(readme_section(TASKS_SECTION), "# settings.py")
     settings = project / "hostsite" / "settings.py"
     base = settings.with_suffix(".startproject").read_text()
     settings.write_text(f'{base}\n{block}\nINSTALLED_APPS += ["shop"]\n')
@@ -368,7 +398,8 @@ def deliver_with_worker(python: Path, project: Path, env: dict[str, str]) -> Non
 
         def sent() -> bool:
             assert worker.alive(), f"run_workers exited:\n{worker.dump()}"
-            return DELIVERED in delivered(project / "outbox.jsonl")
+            outbox = delivered(project / "outbox.jsonl")
+            return DELIVERED in outbox and {"welcome": 7} in outbox
 
         try:
             wait_until(sent, 30, f"{DELIVERED} to be delivered", interval=0.2)
