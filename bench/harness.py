@@ -59,6 +59,10 @@ class Options:
     policy_done_n: int = 1_000_000
     flow_chain_n: int = 1_000
     flow_batch_n: int = 10_000
+    tasks_e1_n: int = 2_000
+    tasks_n: int = 20_000
+    tasks_lat_n: int = 300
+    tasks_lat_pause_s: float = 0.05
     results_dir: Path = field(default=RESULTS)
 
     @property
@@ -187,8 +191,9 @@ class WorkerDied(RuntimeError):
 
 @dataclass
 class Workers:
-    """``count`` worker processes of one ``manage.py`` command for one measurement, named
-    ``<name>-<i>`` (their output: ``<results>/logs/<name>-<i>.stdout|.stderr``)."""
+    """``count`` worker processes of one ``manage.py`` command (with ``args``) for one
+    measurement, named ``<name>-<i>`` (their output:
+    ``<results>/logs/<name>-<i>.stdout|.stderr``)."""
 
     o: Options
     command: str
@@ -196,12 +201,14 @@ class Workers:
     name: str
     env: dict[str, str] = field(default_factory=dict)
     group: ProcessGroup | None = None
+    args: tuple[str, ...] = ()
 
     def start(self) -> Workers:
         env = process_env(SETTINGS_MODULE, {"JOBS_LOG_LEVEL": self.o.log_level, **self.env})
         self.group = ProcessGroup(MANAGE_PY, self.o.logs, env, cwd=ROOT)
         for i in range(self.count):
-            _started.append(self.group.start(self.command, name=f"{self.name}-{i}"))
+            _started.append(self.group.start(self.command, *self.args,
+                                             name=f"{self.name}-{i}"))
         return self
 
     def check(self) -> None:
@@ -248,6 +255,17 @@ def wait_for(what: str, check: Callable[[], bool], workers: Workers, timeout: fl
     return time.perf_counter() - started
 
 
+def read_starts(path: Path) -> dict[str, float]:
+    """The ``<key> <time.time()>`` lines a latency probe appended to ``path``: key -> time."""
+    got: dict[str, float] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                got[parts[0]] = float(parts[1])
+    return got
+
+
 # -- the drain clock (D1) ----------------------------------------------------------------------
 
 
@@ -282,16 +300,18 @@ def drain(o: Options, command: str, target: str, n: int, count: int, name: str,
     }
 
 
-def clock_drain(o: Options, workers: Workers, n: int, deadline: float
+def clock_drain(o: Options, workers: Workers, n: int, deadline: float, *,
+                count: Callable[[], int] = remaining, empty: Callable[[], bool] = drained
                 ) -> tuple[float, int, float]:
     """Sample the queue every ``drain_poll_s`` until it is empty: the time of the first
     progress and the rows left then, and the time it was found empty. Counts until the first
     progress (its count is the rate's numerator), then the cheap emptiness probe, so the
-    sampling takes little from the workers."""
+    sampling takes little from the workers. ``count`` and ``empty`` read another queue
+    than the engine's (the ``tasks`` phase's django-tasks-db table)."""
     t_first: float | None = None
     rem_first = n
     while True:
-        left = remaining() if t_first is None else int(not drained())
+        left = count() if t_first is None else int(not empty())
         now = time.perf_counter()
         if t_first is None and left < n:
             t_first, rem_first = now, left
@@ -299,7 +319,7 @@ def clock_drain(o: Options, workers: Workers, n: int, deadline: float
             assert t_first is not None
             return t_first, rem_first, now
         if now > deadline:
-            raise TimeoutError(f"{workers.name}: drain timeout, {remaining()} rows left")
+            raise TimeoutError(f"{workers.name}: drain timeout, {count()} rows left")
         workers.check()
         time.sleep(o.drain_poll_s)
 

@@ -20,8 +20,10 @@ import django
 from django.db import connection
 
 from bench import targets
+from bench import tasks as tasks_phase
 from bench.harness import KAFKA_PARTITIONS, Options, shown, sql
 from jobs_engine import store
+from jobs_engine.tasks import TASKS_POLICY
 
 PEER_D1 = ("raw psycopg 64,019 batched / 2,818 one-by-one; django-q2 Redis 2,698; django-q2 ORM "
            "1,118; Celery 1,008; Procrastinate 398; django-tasks-db 324 (all 1 worker)")
@@ -100,6 +102,7 @@ def rows_for(o: Options) -> list[Row]:
     ]
     rows += policy_rows(o)
     rows += flow_rows(o)
+    rows += task_rows(o)
     workers = {1: "1 worker", 3: "3 workers"}
     for kind in targets.KAFKA_TOPICS:
         for count in (1, 3):
@@ -163,6 +166,58 @@ def flow_rows(o: Options) -> list[Row]:
                 "ms"),
         ]
     return rows
+
+
+def task_columns(o: Options) -> list[tuple[str, str, str]]:
+    """The ``tasks`` phase's measurements: (metric, heading, unit)."""
+    return [
+        ("e1", f"E1: {o.tasks_e1_n:,} tasks, 1 per tx", "jobs/s"),
+        ("e100", f"E100: {o.tasks_n:,} tasks, 100 per tx", "jobs/s"),
+        ("drain", f"drain {o.tasks_n:,}, 1 worker, from its spawn", "jobs/s"),
+        ("drain_first", "drain, from the first progress", "jobs/s"),
+        ("lat_p50", f"L p50 ({o.tasks_lat_n} tasks, idle worker)", "ms"),
+        ("lat_p99", "L p99", "ms"),
+    ]
+
+
+TASK_SYSTEMS = (("ours", "ours"), ("theirs", "django-tasks-db"),
+                ("ratio", "ratio ours / theirs"))
+
+
+def task_rows(o: Options) -> list[Row]:
+    """The ``tasks`` phase, one row per measurement and system (the side-by-side table is
+    ``tasks_table``)."""
+    return [Row(f"tasks:{metric}:{system}", f"Tasks API: {heading}, {label}",
+                "x" if system == "ratio" else unit)
+            for metric, heading, unit in task_columns(o) for system, label in TASK_SYSTEMS]
+
+
+def tasks_table(results: dict[str, list[float]], o: Options) -> str:
+    """The ``tasks`` phase side by side: a row per system, a column per measurement
+    (medians over the rounds; the ratio is the median of the rounds' own ratios); empty
+    when the phase did not run."""
+    if not any(key.startswith("tasks:") for key in results):
+        return ""
+    columns = task_columns(o)
+    systems = {
+        "ours": "ours: `jobs_engine.tasks.JobsEngineBackend`, worker `manage.py "
+                f"{tasks_phase.OURS_WORKER}`",
+        "theirs": f"theirs: django-tasks-db {tasks_phase.theirs_version()} "
+                  "`django_tasks_db.DatabaseBackend`, worker `manage.py "
+                  f"{tasks_phase.THEIRS_WORKER} {' '.join(tasks_phase.THEIRS_WORKER_ARGS)}`",
+        "ratio": "ratio ours / theirs",
+    }
+    lines = ["| Django Tasks API | " + " | ".join(f"{heading} ({unit})"
+                                                  for _, heading, unit in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for system, label in systems.items():
+        cells = []
+        for metric, _, unit in columns:
+            values = results.get(f"tasks:{metric}:{system}")
+            cells.append(fmt(statistics.median(values), "x" if system == "ratio" else unit)
+                         if values else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def fmt(value: float, unit: str) -> str:
@@ -250,6 +305,29 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "worker started first; clock from the flow's write (timed apart) to its "
             "COMPLETED state, polled every 20 ms. Plain: the D1 drain of as many no-op "
             "long-lane jobs, same round. Overhead: time per step minus time per plain job.")
+    if measured("tasks:"):
+        out.append(
+            "- Tasks API: both backends in the same run, each measurement for one system then "
+            "the other (which goes first alternates by round); the TASKS aliases `ours` and "
+            "`theirs` of bench/settings.py, one queue `default` each, their defaults otherwise "
+            f"(ours: TASKS_POLICY, at-least-once, keeps {TASKS_POLICY.keep_completed:,} completed; "
+            "theirs keeps every "
+            "result). E1/E100: `noop.using(backend=...).enqueue()` in this process, 1 or 100 "
+            "calls per `transaction.atomic()`. Drain: the E100 tasks, ANALYZEd, then one "
+            f"worker spawned; clock from its spawn (start-up included: Django's, and "
+            "db_worker's own random start-up delay of up to 1 s, one of its defaults) until "
+            "no task is READY or RUNNING, polled every "
+            f"{o.drain_poll_s * 1000:.0f} ms; \"from the first progress\" as D1. Checked after "
+            "each drain: theirs, every row SUCCESSFUL; ours, the queue's runs that ended OK in "
+            "the engine's statistics, no DEAD job, the newest results read SUCCESSFUL through "
+            "the backend. Ours' worker: run_long_lane with JOBS defaults (LONG_BATCH 10 "
+            "threads, LISTEN/NOTIFY on PostgreSQL), log level "
+            f"{o.log_level}; theirs: db_worker's defaults (--interval 1, start-up delay on, "
+            "verbosity 1, no --reload with DEBUG off) plus --backend/--queue-name. Latency: "
+            f"idle worker, {o.tasks_lat_n} tasks `{o.tasks_lat_pause_s * 1000:g}` ms apart, "
+            "each in its own transaction; the task's first statement appends time.time() to "
+            "a file, minus time.time() right after the commit. Ratios: ours / theirs per "
+            "round, their median (in ms columns below 1 means ours is faster).")
     if measured("kafka"):
         out.append(
             f"- Kafka: a real Apache Kafka broker (scripts/kafka.sh, one node, loopback), "

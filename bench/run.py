@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 RESULTS = ROOT / "bench" / "results"
 PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka", "policies", "flows")
-EXTRA_PHASES = ("profile",)
+EXTRA_PHASES = ("profile", "tasks")  # on request only (tasks: bench/requirements-tasks.txt)
 KAFKA_DIR_DEFAULT = "<tmp>/jobs-engine-kafka-bench"
 
 
@@ -70,6 +70,13 @@ def parser() -> argparse.ArgumentParser:
                    "phase's chain")
     p.add_argument("--flow-batch-n", type=int, default=10_000, help="jobs of the flows "
                    "phase's batch (and a callback)")
+    p.add_argument("--tasks-e1-n", type=int, default=2_000, help="tasks phase: tasks "
+                   "enqueued one per transaction")
+    p.add_argument("--tasks-n", type=int, default=20_000, help="tasks phase: tasks enqueued "
+                   "100 per transaction, then drained by one worker")
+    p.add_argument("--tasks-lat-n", type=int, default=300, help="tasks phase: latency samples")
+    p.add_argument("--tasks-lat-pause-ms", type=float, default=50, help="tasks phase: pause "
+                   "between the latency samples' transactions")
     p.add_argument("--policy-done-n", type=int, default=1_000_000,
                    help="completed jobs kept while the policies phase times a poll")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
@@ -87,6 +94,16 @@ def phases_of(p: argparse.ArgumentParser, only: str) -> list[str]:
     if unknown:
         p.error(f"unknown phases: {', '.join(sorted(unknown))}")
     return phases
+
+
+def missing_requirement(phases: list[str]) -> str | None:
+    """The line saying what a requested phase needs and is not installed (the ``tasks``
+    phase: django-tasks-db, which the bench settings do without)."""
+    if "tasks" in phases:
+        from bench.tasks import missing
+
+        return missing()
+    return None
 
 
 def setup_django() -> None:
@@ -107,7 +124,9 @@ def options(args: argparse.Namespace) -> Options:
                    args.poll_small, args.poll_big, args.poll_reps, args.worker_log_level.upper(),
                    args.drain_poll_ms / 1000, args.kafka_n, args.kafka_keys, args.kafka_port,
                    results_dir=args.results_dir, policy_done_n=args.policy_done_n,
-                   flow_chain_n=args.flow_chain_n, flow_batch_n=args.flow_batch_n, **extra)
+                   flow_chain_n=args.flow_chain_n, flow_batch_n=args.flow_batch_n,
+                   tasks_e1_n=args.tasks_e1_n, tasks_n=args.tasks_n, tasks_lat_n=args.tasks_lat_n,
+                   tasks_lat_pause_s=args.tasks_lat_pause_ms / 1000, **extra)
 
 
 def prepare() -> None:
@@ -151,6 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     phases = phases_of(p, args.only)
     setup_django()
+    missing = missing_requirement(phases)
+    if missing:
+        print(f"bench: {missing}", file=sys.stderr)
+        return 2
     from django.db import connection
 
     from bench import report
@@ -163,9 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = run_rounds(phases, o, args.rounds)
     elapsed = time.perf_counter() - started
+    side_by_side = report.tasks_table(results, o)
     text = (f"# jobs-engine bench\n\n{info}; database {connection.settings_dict['NAME']}; "
-            f"phases {','.join(phases)}; total {elapsed:.0f}s\n\n{report.table(results, o)}\n\n"
-            f"{report.notes(results, o, args.rounds)}\n")
+            f"phases {','.join(phases)}; total {elapsed:.0f}s\n\n"
+            + (f"{side_by_side}\n\n" if side_by_side else "")
+            + f"{report.table(results, o)}\n\n{report.notes(results, o, args.rounds)}\n")
     print("\n" + text)
     output = args.output or o.results_dir / "latest.md"
     report.write(output, text, info, o, results)

@@ -10,6 +10,7 @@ value; ``bench/report.py`` turns them into rows). Definitions: docs/benchmarks.m
   topic keeps no completed job: the cost of keeping them);
 - ``policies``: what keeping completed jobs costs (``bench/policies.py``);
 - ``flows``: a chain's and a batch's cost per step against plain jobs (``bench/flows.py``);
+- ``tasks``: Django's Tasks API on the engine against django-tasks-db (``bench/tasks.py``);
 - ``profile`` (on request): the fast lane's loop in this process under cProfile.
 
 Import after ``django.setup()``.
@@ -49,6 +50,7 @@ from bench.harness import (
     partitions_balanced,
     payload,
     pct,
+    read_starts,
     remaining,
     reset,
     running,
@@ -58,6 +60,7 @@ from bench.harness import (
 )
 from bench.policies import phase_policies
 from bench.poll_cost import phase_poll
+from bench.tasks import phase_tasks
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.enqueueing import enqueue
@@ -126,16 +129,6 @@ def phase_long(o: Options) -> Metrics:
         print(f"    D1 long {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
               f"start-up {r['startup_s']:.2f}s, dead {r['dead']})", flush=True)
     return out
-
-
-def read_starts(path: Path) -> dict[str, float]:
-    got: dict[str, float] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                got[parts[0]] = float(parts[1])
-    return got
 
 
 def latency_run(o: Options, mode: str) -> tuple[float, float, int]:
@@ -319,6 +312,7 @@ PHASE_FUNCS: dict[str, Callable[[Options], Metrics]] = {
     "e100": phase_e100, "e1": phase_e1, "d1": phase_d1, "long": phase_long,
     "latency": phase_latency, "poll": phase_poll, "profile": phase_profile,
     "kafka": phase_kafka, "policies": phase_policies, "flows": phase_flows,
+    "tasks": phase_tasks,
 }
 
 

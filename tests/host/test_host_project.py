@@ -188,8 +188,8 @@ else:
     if not client.login(username="admin", password=os.environ["DJANGO_SUPERUSER_PASSWORD"]):
         failures.append("FAIL the superuser cannot log in")
     admin_pages(client)
-    # Seeded 3, and the job the worker delivered before this probe.
-    expect(client, reverse("admin:jobs_engine_jobstat_changelist"), 200, 'data-total="4"')
+    # Seeded 3, and the job and the task the worker delivered before this probe.
+    expect(client, reverse("admin:jobs_engine_jobstat_changelist"), 200, 'data-total="5"')
     expect(client, "/jobs/api/v1/docs", 200)
     expect(client, "/jobs/api/v1/jobs", 200, '"total"')
     expect(anonymous, "/jobs/metrics", 401)
