@@ -1,9 +1,12 @@
 """The long lane: leased rows for handlers that run for minutes.
 
-``run_once`` first rescues rows whose lease expired (their worker died or stalled), then
-reserves up to ``LONG_BATCH`` rows under a claim token and hands each to a thread. The
-heartbeat renews the leases of rows in hand; every write of a row's outcome is guarded
-on its claim token, so a worker that lost a row cannot finish it.
+``run_once`` first rescues rows whose lease expired (their worker died or stalled; at most
+once a second), then reserves up to ``LONG_BATCH`` rows under a claim token, marks them
+started in one statement and hands each to a thread. The heartbeat renews the leases of
+rows in hand; every write of a row's outcome is guarded on its claim token, so a worker
+that lost a row cannot finish it. Outcomes are group-committed: while one thread writes,
+the rows finishing meanwhile queue up, and the next writer writes them all in one
+transaction, so a busy lane commits many outcomes at once and an idle one each at once.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import datetime
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connection
 
@@ -32,6 +36,10 @@ from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import Lane
 
 logger = logging.getLogger("jobs_engine")
+
+# Expired leases are looked for at most this often (database time): a lease is minutes, and
+# a busy lane polls hundreds of times a second.
+RESCUE_EVERY = timedelta(seconds=1)
 
 
 class LongLane:
@@ -55,6 +63,9 @@ class LongLane:
                       if threads else None)
         self._futures: set[Future[None]] = set()
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
+        self._rescued_at: datetime | None = None
+        self._writing = threading.Lock()  # one outcome writer at a time
+        self._unwritten: list[tuple[str, RunResult]] = []  # (claim token, result) to write
 
     def in_hand(self) -> int:
         with self._lock:
@@ -63,10 +74,8 @@ class LongLane:
     def run_once(self, now: datetime | None = None) -> int:
         """Rescue expired leases, then reserve and start rows; returns rows started."""
         now = now or store.db_now()
-        closed, released = store.jobs_long_rescue_expired(now)
-        announce_closed(closed)
-        if released:
-            logger.warning("long lane released %s rows whose lease expired", released)
+        clock = DatabaseClock(now, self._monotonic)
+        self._rescue(now)
         free = self.settings.LONG_BATCH - self.in_hand()
         if free <= 0:
             return 0
@@ -88,16 +97,39 @@ class LongLane:
         for job in give_back:
             store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
                                         None, now)
+        if not jobs:
+            return 0
+        started_at = clock()
+        earlier = store.jobs_long_mark_started([job.id for job in jobs],  # type: ignore[misc]
+                                               token, started_at)
+        started = 0
         for job in jobs:
+            if job.id not in earlier:
+                logger.warning("long lane lost job %s before it started", job.id)
+                continue
             with self._lock:
                 self._in_hand[job.id] = token  # type: ignore[index]
+            args: tuple[Any, ...] = (job, token, clock, LongLaneTry(
+                self.worker_id, started_at, tuple(earlier[job.id])), job.target in probes)
             if self._pool is None:
-                self._run(job, token, now, job.target in probes)
+                self._run(*args)
             else:
-                future = self._pool.submit(self._run_in_thread, job, token, job.target in probes)
+                future = self._pool.submit(self._run_in_thread, *args)
                 self._futures.add(future)
                 future.add_done_callback(self._futures.discard)
-        return len(jobs)
+            started += 1
+        return started
+
+    def _rescue(self, now: datetime) -> None:
+        """Rows whose lease expired: at-most-once ones that started go DEAD, the others
+        back to PENDING (``store.jobs_long_rescue_expired``)."""
+        if self._rescued_at is not None and timedelta(0) <= now - self._rescued_at < RESCUE_EVERY:
+            return
+        closed, released = store.jobs_long_rescue_expired(now)
+        self._rescued_at = now
+        announce_closed(closed)
+        if released:
+            logger.warning("long lane released %s rows whose lease expired", released)
 
     def due_in_s(self) -> float | None:
         """Seconds until the next deferred row comes due, when the last poll found nothing
@@ -107,11 +139,12 @@ class LongLane:
             return None
         return max(0.0, self._next_due_at - self._monotonic())
 
-    def _run_in_thread(self, job: Job, token: str, probe: bool) -> None:
+    def _run_in_thread(self, job: Job, token: str, clock: DatabaseClock, running: LongLaneTry,
+                       probe: bool) -> None:
         try:
-            self._run(job, token, None, probe)
+            self._run(job, token, clock, running, probe)
         except Exception as exc:
-            if is_database_fault(exc):  # before the handler ran: the lease rescue reruns it
+            if is_database_fault(exc):
                 self.outages.failed(exc, "long lane")
             else:
                 logger.exception("long lane job %s failed outside its handler", job.id)
@@ -119,31 +152,26 @@ class LongLane:
             # Each pool thread keeps its own connection; drop it if it broke.
             connection.close_if_unusable_or_obsolete()
 
-    def _run(self, job: Job, token: str, now: datetime | None, probe: bool) -> None:
-        """Mark the job started, run its handler, judge it once and write the outcome."""
+    def _run(self, job: Job, token: str, clock: DatabaseClock, running: LongLaneTry,
+             probe: bool) -> None:
+        """Run the started job's handler, judge it once and write the outcome."""
         assert job.id is not None
         started = self._monotonic()
-        clock = DatabaseClock(now or store.db_now(), self._monotonic)
         try:
-            started_at = clock()
-            earlier = store.job_long_mark_started(job.id, token, started_at)
-            if earlier is None:
-                logger.warning("long lane lost job %s before it started", job.id)
-                return
             target: Target | None
             try:
                 target = get_target(job.target)
             except UnknownTarget as exc:
                 target, answer = None, Handed(exc)
             else:
-                with try_context(LongLaneTry(self.worker_id, started_at, tuple(earlier))):
+                with try_context(running):
                     answer = call_handler(target, job)
             duration_ms = (self._monotonic() - started) * 1000
             finished_at = clock()
             result = RunResult(job, judge(job, target, answer.error, finished_at), duration_ms,
-                               answer.result_json,
-                               try_entry(self.worker_id, started_at, finished_at, answer.error))
-            self._record(token, result, clock)
+                               answer.result_json, try_entry(self.worker_id, running.started_at,
+                                                             finished_at, answer.error))
+            self._finish(token, result, clock)
             if probe and not result.outcome.pause_target:
                 self.pauses.probe_answered(job.target)
         finally:
@@ -151,8 +179,23 @@ class LongLane:
                 self._in_hand.pop(job.id, None)
             self.on_row_done()
 
-    def _record(self, token: str, result: RunResult, clock: Callable[[], datetime]) -> None:
-        """Write the row's outcome, again and again on a fresh connection while the
+    def _finish(self, token: str, result: RunResult, clock: Callable[[], datetime]) -> None:
+        """Write ``result`` with every outcome queued meanwhile (group commit); returns once
+        it is written, by this thread or by the one that held the pen."""
+        with self._lock:
+            self._unwritten.append((token, result))
+        with self._writing:
+            with self._lock:
+                queued, self._unwritten = self._unwritten, []
+            by_token: dict[str, list[RunResult]] = {}
+            for claim, done in queued:
+                by_token.setdefault(claim, []).append(done)
+            for claim, results in by_token.items():
+                self._record(claim, results, clock)
+
+    def _record(self, token: str, results: list[RunResult], clock: Callable[[], datetime]
+                ) -> None:
+        """Write the rows' outcomes, again and again on a fresh connection while the
         database is unreachable: the handler ran, and what it did must not be lost. The row
         stays in hand meanwhile, so the heartbeat renews its lease once the database is
         back; a rescue that presumed it DEAD is overwritten (``store.Guard``). Gives up
@@ -161,16 +204,17 @@ class LongLane:
         failures = 0
         while True:
             try:
-                record(store.Guard(Lane.LONG, token), [result], clock(), self.settings)
+                record(store.Guard(Lane.LONG, token), results, clock(), self.settings)
             except Exception as exc:
                 if not is_database_fault(exc):
                     raise
                 self.outages.failed(exc, "long-lane outcome")
                 failures += 1
                 if self.should_stop() and self._monotonic() > stop_by:
-                    logger.error("long lane gave up writing the outcome of job %s (%s) while "
+                    logger.error("long lane gave up writing the outcomes of jobs %s while "
                                  "stopping: the database is still unreachable",
-                                 result.job.id, result.outcome.kind.value)
+                                 ", ".join(f"{r.job.id} ({r.outcome.kind.value})"
+                                           for r in results))
                     return
                 self._sleep(backoff_s(failures))
                 continue

@@ -88,7 +88,6 @@ __all__ = [
     "cut_error",
     "flow_steps_queued",
     "job_close_dead",
-    "job_long_mark_started",
     "job_release_unchanged",
     "job_retry_later",
     "job_stats_add",
@@ -98,6 +97,7 @@ __all__ = [
     "jobs_hold_key_until",
     "jobs_ids_by_dedupe_key",
     "jobs_insert_many",
+    "jobs_long_mark_started",
     "jobs_long_next_due",
     "jobs_long_renew",
     "jobs_long_rescue_expired",
@@ -516,10 +516,25 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
 
     Rows of an exclusive target also take ``running_code = code``; the unique partial
     index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
-    on any worker, and such a loser is simply not reserved.
+    on any worker, and such a loser is simply not reserved. Without exclusive targets, on
+    PostgreSQL, one statement picks and claims the rows (one round trip, no transaction).
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
     target_clause, target_params = in_("j.target", targets)
+    if not exclusive_targets and writable_ctes():
+        rows = fetch(
+            f"WITH picked AS (SELECT j.id FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+            f"AND j.next_run_at <= %s AND {target_clause} "
+            "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
+            "lease_until = %s, running_code = NULL, started_at = NULL, updated_at = %s "
+            f"FROM picked WHERE {JOBS}.id = picked.id "
+            f"RETURNING {', '.join(f'{JOBS}.{c}' for c in _JOB_COLUMNS)}, "
+            f"{JOBS}.priority, {JOBS}.next_run_at",
+            [Lane.LONG.value, _PENDING, dt(now), *target_params, limit, RESERVE.target, token,
+             owner, lease_until, dt(now)])
+        rows.sort(key=lambda row: (-row[14], row[15], row[0]))
+        return [_job(row) for row in rows]
     order: dict[int, int] = {}
     excl_clause, excl_params = in_("j.target", exclusive_targets)
     reserved: list[Job] = []
@@ -573,16 +588,18 @@ def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None
     return read_dt(rows[0][0]) if rows else None
 
 
-def job_long_mark_started(job_id: int, token: str, now: datetime
-                          ) -> list[dict[str, Any]] | None:
-    """Record that the handler is about to run; returns the row's earlier tries (the
-    ``tries`` entries), or None when the claim was lost."""
+def jobs_long_mark_started(ids: Sequence[int], token: str, now: datetime
+                           ) -> dict[int, list[dict[str, Any]]]:
+    """Record that the handlers of reserved rows are about to run, in one statement;
+    returns each row's earlier tries (its ``tries`` entries). A row missing from the
+    answer lost its claim meanwhile: it must not run."""
+    clause, params = in_("id", ids)
     rows = fetch(
-        f"UPDATE {JOBS} SET started_at = %s WHERE id = %s AND claim_token = %s AND status = %s "
-        "RETURNING tries",
-        [dt(now), job_id, token, _RUNNING],
+        f"UPDATE {JOBS} SET started_at = %s WHERE {clause} AND claim_token = %s "
+        "AND status = %s RETURNING id, tries",
+        [dt(now), *params, token, _RUNNING],
     )
-    return (read_json(rows[0][0]) or []) if rows else None
+    return {job_id: read_json(tries) or [] for job_id, tries in rows}
 
 
 def jobs_long_renew(tokens: Sequence[str], now: datetime, lease_s: float) -> set[str]:

@@ -284,7 +284,7 @@ def test_cancel_a_long_row_not_started_and_409_once_started(client: Client, targ
     waiting = make_job("api.cancel.long")
     started = make_job("api.cancel.long")
     store.jobs_long_reserve("w1", "tok", now, 300, 10, targets=["api.cancel.long"])
-    assert store.job_long_mark_started(started.id, "tok", now) is not None
+    assert store.jobs_long_mark_started([started.id], "tok", now) == {started.id: []}
 
     response = client.post(f"{JOBS}/{waiting.id}/cancel")
     assert response.status_code == 200

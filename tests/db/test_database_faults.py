@@ -219,7 +219,7 @@ def test_a_late_long_lane_outcome_replaces_a_rescue_presumed_dead(
     settings = conf.jobs_settings()
     [reserved] = store.jobs_long_reserve("A", "tok-a", now, settings.LONG_LEASE_S, 1,
                                          targets=["fault.long-late"])
-    assert store.job_long_mark_started(job_id, "tok-a", now) is not None
+    assert store.jobs_long_mark_started([job_id], "tok-a", now) == {job_id: []}
 
     closed, _ = store.jobs_long_rescue_expired(now + 301 * SECOND)
     assert [c.id for c in closed] == [job_id]

@@ -254,7 +254,7 @@ def test_cancel_removes_a_long_row_reserved_but_not_started(targets: Any, user: 
     assert removed.status == JobStatus.RUNNING
     assert not Job.objects.filter(id=job.id).exists()
     # The worker that reserved it finds the row gone and never runs the handler.
-    assert store.job_long_mark_started(job.id, "tok", now) is None
+    assert store.jobs_long_mark_started([job.id], "tok", now) == {}
 
 
 def test_cancel_refuses_a_long_row_whose_handler_started(targets: Any, user: User,
@@ -262,7 +262,7 @@ def test_cancel_refuses_a_long_row_whose_handler_started(targets: Any, user: Use
     targets("ops.cancel.started", lane="long")
     job = make_job("ops.cancel.started")
     store.jobs_long_reserve("w1", "tok", now, 300, 10, targets=["ops.cancel.started"])
-    assert store.job_long_mark_started(job.id, "tok", now) == []
+    assert store.jobs_long_mark_started([job.id], "tok", now) == {job.id: []}
 
     with pytest.raises(InvalidStatus, match="handler has started"):
         actions.cancel_job(job.id, user)
