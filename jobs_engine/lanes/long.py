@@ -145,12 +145,13 @@ class LongLane:
             self._run(job, token, clock, running, probe)
         except Exception as exc:
             if is_database_fault(exc):
-                self.outages.failed(exc, "long lane")
+                self.outages.failed(exc, "long lane")  # drops the thread's connection
             else:
                 logger.exception("long lane job %s failed outside its handler", job.id)
-        finally:
-            # Each pool thread keeps its own connection; drop it if it broke.
-            connection.close_if_unusable_or_obsolete()
+                # Each pool thread keeps its own connection: drop it if it broke. Only
+                # then: Django would otherwise check it (or, with CONN_MAX_AGE 0, reopen
+                # it) after every job.
+                connection.close_if_unusable_or_obsolete()
 
     def _run(self, job: Job, token: str, clock: DatabaseClock, running: LongLaneTry,
              probe: bool) -> None:

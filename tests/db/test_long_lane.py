@@ -9,6 +9,8 @@ Concurrent reservations run in real threads on PostgreSQL and in turn on SQLite.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -324,3 +326,58 @@ def test_unreachable_releases_the_claim_keeps_attempts_and_pauses(targets: Any,
     assert row(job_id).status == JobStatus.PENDING
     assert lane.run_once(t0 + 31 * SECOND) == 1  # one probe after PROBE_S
     assert calls == [job_id, job_id]
+
+
+# -- group commit --------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)  # the pool threads write on connections of their own
+def test_outcomes_that_finish_while_one_is_written_are_written_together(
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five handlers finish while the pen is held: their five outcomes go in one write, and
+    each thread returns only once its outcome is written."""
+    from jobs_engine.lanes import long as long_lane
+
+    release = threading.Event()
+    targets("ll.group", handler=lambda job: None if release.wait(10) else "timeout",
+            lane="long")
+    ids = [put("ll.group", t0) for _ in range(5)]
+    writes: list[list[int]] = []
+    real_record = long_lane.record
+
+    def counted(guard: Any, results: Any, now: datetime, settings: Any) -> Any:
+        writes.append(sorted(r.job.id for r in results))
+        return real_record(guard, results, now, settings)
+
+    monkeypatch.setattr(long_lane, "record", counted)
+    worker_id = f"G-{uuid.uuid4().hex[:6]}"
+    settings = load_settings({"LONG_BATCH": 5}, environ={})
+    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings))
+    try:
+        with lane._writing:  # the pen is held: finished outcomes queue up
+            assert lane.run_once(t0) == 5
+            release.set()
+            deadline = time.monotonic() + 10
+            while len(lane._unwritten) < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert lane.in_hand() == 5  # not written yet: no slot is free
+    finally:
+        release.set()
+        lane.shutdown(wait=True)
+    assert writes == [sorted(ids)]
+    assert not JobModel.objects.filter(id__in=ids).exists()
+    assert lane.in_hand() == 0
+
+
+def test_expired_leases_are_looked_for_at_most_once_a_second(targets: Any, t0: datetime
+                                                             ) -> None:
+    targets("ll.rescue", handler=lambda job: None, lane="long")
+    job_id = put("ll.rescue", t0)
+    JobModel.objects.filter(id=job_id).update(status=JobStatus.RUNNING, claim_token="gone",
+                                              lease_until=t0 - SECOND)
+    lane = long_worker("R")
+    assert lane.run_once(t0 - MINUTE) == 0  # its lease had not run out then
+    assert row(job_id).status == JobStatus.RUNNING
+    assert lane.run_once(t0 - MINUTE + SECOND / 2) == 0  # not looked for again so soon
+    assert lane.run_once(t0) == 1  # a second later: released and run
+    assert not JobModel.objects.filter(id=job_id).exists()
