@@ -60,7 +60,7 @@ class Options:
     flow_chain_n: int = 1_000
     flow_batch_n: int = 10_000
     tasks_e1_n: int = 2_000
-    tasks_n: int = 20_000
+    tasks_n: int = 10_000
     tasks_lat_n: int = 300
     tasks_lat_pause_s: float = 0.05
     results_dir: Path = field(default=RESULTS)

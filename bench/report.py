@@ -225,8 +225,8 @@ def fmt(value: float, unit: str) -> str:
         return "n/a"
     if unit == "jobs/s":
         return f"{value:,.0f}"
-    if unit == "x":
-        return f"{value:.2f}x"
+    if unit == "x":  # a ratio far below 1 (the tasks phase's latencies) keeps 2 digits
+        return f"{value:.2f}x" if abs(value) >= 0.1 else f"{value:.2g}x"
     return f"{value:.2f}"
 
 
@@ -324,7 +324,7 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "threads, LISTEN/NOTIFY on PostgreSQL), log level "
             f"{o.log_level}; theirs: db_worker's defaults (--interval 1, start-up delay on, "
             "verbosity 1, no --reload with DEBUG off) plus --backend/--queue-name. Latency: "
-            f"idle worker, {o.tasks_lat_n} tasks `{o.tasks_lat_pause_s * 1000:g}` ms apart, "
+            f"idle worker, {o.tasks_lat_n} tasks {o.tasks_lat_pause_s * 1000:g} ms apart, "
             "each in its own transaction; the task's first statement appends time.time() to "
             "a file, minus time.time() right after the commit. Ratios: ours / theirs per "
             "round, their median (in ms columns below 1 means ours is faster).")

@@ -72,7 +72,7 @@ def parser() -> argparse.ArgumentParser:
                    "phase's batch (and a callback)")
     p.add_argument("--tasks-e1-n", type=int, default=2_000, help="tasks phase: tasks "
                    "enqueued one per transaction")
-    p.add_argument("--tasks-n", type=int, default=20_000, help="tasks phase: tasks enqueued "
+    p.add_argument("--tasks-n", type=int, default=10_000, help="tasks phase: tasks enqueued "
                    "100 per transaction, then drained by one worker")
     p.add_argument("--tasks-lat-n", type=int, default=300, help="tasks phase: latency samples")
     p.add_argument("--tasks-lat-pause-ms", type=float, default=50, help="tasks phase: pause "
