@@ -19,10 +19,10 @@ class DatabaseClock:
                  ) -> None:
         self.start = start
         self._monotonic = monotonic
-        self._started = monotonic()
+        self.started = monotonic()  # when ``start`` was read, on the monotonic clock
 
     def __call__(self) -> datetime:
-        return self.start + timedelta(seconds=self._monotonic() - self._started)
+        return self.start + timedelta(seconds=self._monotonic() - self.started)
 
 
 def trust_s(lease_s: float) -> float:

@@ -40,6 +40,10 @@ logger = logging.getLogger("jobs_engine")
 # Expired leases are looked for at most this often (database time): a lease is minutes, and
 # a busy lane polls hundreds of times a second.
 RESCUE_EVERY = timedelta(seconds=1)
+# The database's clock is asked at most this often; in between it is moved on by the
+# monotonic clock (``DatabaseClock``), instead of a round trip at every poll.
+CLOCK_READ_EVERY_S = 1.0
+GATHER_S = 0.003
 
 
 class LongLane:
@@ -64,6 +68,8 @@ class LongLane:
         self._futures: set[Future[None]] = set()
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
         self._rescued_at: datetime | None = None
+        self._clock: DatabaseClock | None = None
+        self._gather_until = 0.0  # monotonic
         self._writing = threading.Lock()  # one outcome writer at a time
         self._unwritten: list[tuple[str, RunResult]] = []  # (claim token, result) to write
 
@@ -73,11 +79,16 @@ class LongLane:
 
     def run_once(self, now: datetime | None = None) -> int:
         """Rescue expired leases, then reserve and start rows; returns rows started."""
-        now = now or store.db_now()
+        now = now or self._database_now()
         clock = DatabaseClock(now, self._monotonic)
         self._rescue(now)
         free = self.settings.LONG_BATCH - self.in_hand()
         if free <= 0:
+            return 0
+        if free < self.settings.LONG_BATCH // 2 and self._monotonic() < self._gather_until:
+            # Rows of the last poll are finishing: wait a moment for more free slots, so
+            # that one poll fills many (a slot waits GATHER_S at most).
+            self._next_due_at = self._gather_until
             return 0
         gate = self.pauses.check(now, Lane.LONG)
         token = uuid.uuid4().hex
@@ -99,6 +110,7 @@ class LongLane:
                                         None, now)
         if not jobs:
             return 0
+        self._gather_until = self._monotonic() + GATHER_S
         started_at = clock()
         earlier = store.jobs_long_mark_started([job.id for job in jobs],  # type: ignore[misc]
                                                token, started_at)
@@ -119,6 +131,11 @@ class LongLane:
                 future.add_done_callback(self._futures.discard)
             started += 1
         return started
+
+    def _database_now(self) -> datetime:
+        if self._clock is None or self._monotonic() - self._clock.started > CLOCK_READ_EVERY_S:
+            self._clock = DatabaseClock(store.db_now(), self._monotonic)
+        return self._clock()
 
     def _rescue(self, now: datetime) -> None:
         """Rows whose lease expired: at-most-once ones that started go DEAD, the others

@@ -2,8 +2,9 @@
 
 ``judge`` turns what a handler did into an ``Outcome`` (built only by its constructors, so
 no invalid combination exists), once per job; ``write`` turns outcomes into the store's
-guarded statements (the caller holds the transaction); ``report`` follows the commit with
-the hourly statistics, one run log line per job and the DEAD alerts. The words of
+guarded statements and the hourly statistics of what they wrote (the caller holds the
+transaction: one commit for both); ``report`` follows the commit with one run log line per
+job and the DEAD alerts. The words of
 ``OutcomeKind`` are the ones the run log, the statistics, the admin chart and ``/metrics``
 use.
 """
@@ -141,8 +142,8 @@ def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
 
 def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
           settings: JobsSettings) -> list[RunResult]:
-    """The outcome statements (the caller holds the transaction); returns the results
-    whose write matched.
+    """The outcome statements, then the hourly statistics of the results whose write
+    matched, all in the caller's transaction; returns those results.
 
     A write that matches no row means the holder lost the row (lease taken over, or an
     admin changed it): the result is reported as ``lost`` and nothing else happens.
@@ -201,13 +202,18 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
              if r.outcome.kind is OutcomeKind.OK],
             [(r.job.id, r.job.attempts + 1, r.outcome.error) for r in steps  # type: ignore[misc]
              if r.outcome.kind is OutcomeKind.DEAD], now)
+    # Last: the hourly bucket is the row every worker's outcomes update, locked from here
+    # to the commit. A failure fails the whole write, which is then written again.
+    if written:
+        hour = stat_hour(now)
+        store.job_stats_add(Counter((hour, r.job.target, r.outcome.kind.value)
+                                    for r in written))
     return written
 
 
 def report(results: Sequence[RunResult], written: Sequence[RunResult], now: datetime) -> None:
-    """After the outcomes are committed: the hourly statistics, one run log line per
-    result and the DEAD alerts."""
-    count_runs([(r.job.target, r.outcome.kind) for r in written], now)
+    """After the outcomes are committed: one run log line per result and the DEAD
+    alerts."""
     written_ids = {r.job.id for r in written}
     log_runs = logger.isEnabledFor(logging.INFO)  # else only the DEAD alerts: skip successes
     for result in results if log_runs else [r for r in results
@@ -227,8 +233,9 @@ def stat_hour(now: datetime) -> datetime:
 
 
 def count_runs(runs: Sequence[tuple[str, OutcomeKind]], now: datetime) -> None:
-    """Add (target, outcome) runs to the hourly statistics in one statement. Statistics
-    are evidence, not state: a failed write is logged and the outcomes stand."""
+    """Add (target, outcome) runs to the hourly statistics in one statement, outside any
+    outcome write (rows a rescue or a takeover closed). Statistics are evidence, not
+    state: a failed write is logged and the rows stay closed."""
     if not runs:
         return
     hour = stat_hour(now)

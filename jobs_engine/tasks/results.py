@@ -43,6 +43,9 @@ def task_of(payload: dict[str, Any]) -> Task:
     if not isinstance(task, Task):
         raise InvalidTask(f"{path!r} is not a task: decorate it with @task")
     run_after = payload.get("run_after")
+    if (payload["priority"], payload["queue"], payload["backend"], run_after) == (
+            task.priority, task.queue_name, task.backend, None):
+        return task  # enqueued as declared (the usual case): validated when it was declared
     return task.using(priority=payload["priority"], queue_name=payload["queue"],
                       backend=payload["backend"],
                       run_after=parse_datetime(run_after) if run_after else None)
