@@ -4,14 +4,15 @@
 once a second), then reserves up to ``LONG_BATCH`` rows under a claim token, marks them
 started in one statement and hands each to a thread. The heartbeat renews the leases of
 rows in hand; every write of a row's outcome is guarded on its claim token, so a worker
-that lost a row cannot finish it. Outcomes are group-committed: while one thread writes,
-the rows finishing meanwhile queue up, and the next writer writes them all in one
-transaction, so a busy lane commits many outcomes at once and an idle one each at once.
+that lost a row cannot finish it. Outcomes are group-committed by one writer thread: what
+the handlers returned while it wrote the last outcomes goes in its next transaction, so a
+busy lane commits many outcomes at once and an idle one each at once.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -29,7 +30,7 @@ from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes.clock import DatabaseClock
 from jobs_engine.lanes.handlers import Handed, call_handler
-from jobs_engine.lanes.outage import Outages, backoff_s, is_database_fault
+from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
@@ -43,7 +44,6 @@ RESCUE_EVERY = timedelta(seconds=1)
 # The database's clock is asked at most this often; in between it is moved on by the
 # monotonic clock (``DatabaseClock``), instead of a round trip at every poll.
 CLOCK_READ_EVERY_S = 1.0
-GATHER_S = 0.003
 
 
 class LongLane:
@@ -69,26 +69,37 @@ class LongLane:
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
         self._rescued_at: datetime | None = None
         self._clock: DatabaseClock | None = None
-        self._gather_until = 0.0  # monotonic
-        self._writing = threading.Lock()  # one outcome writer at a time
-        self._unwritten: list[tuple[str, RunResult]] = []  # (claim token, result) to write
+        self._running = 0  # rows whose handler has not returned (in hand: until written)
+        # Outcomes to write: (claim token, result, probe, clock), None to stop the writer.
+        self._outcomes: queue.SimpleQueue[tuple[str, RunResult, bool, DatabaseClock] | None] = (
+            queue.SimpleQueue())
+        self._writer = (threading.Thread(target=self._write_outcomes, daemon=True,
+                                         name="long-lane-outcomes") if threads else None)
+        if self._writer is not None:
+            self._writer.start()
 
     def in_hand(self) -> int:
         with self._lock:
             return len(self._in_hand)
+
+    def free_slots(self) -> int:
+        """Handlers this lane may start now: ``LONG_BATCH`` minus those running. A row whose
+        handler returned frees its slot at once, while its outcome waits for the writer
+        (it stays in hand, its lease renewed, until written); but no more than
+        ``LONG_BATCH`` outcomes wait, so a slow database slows the lane down."""
+        with self._lock:
+            waiting = len(self._in_hand) - self._running
+            return min(self.settings.LONG_BATCH - self._running,
+                       2 * self.settings.LONG_BATCH - len(self._in_hand)) if waiting >= 0 \
+                else 0
 
     def run_once(self, now: datetime | None = None) -> int:
         """Rescue expired leases, then reserve and start rows; returns rows started."""
         now = now or self._database_now()
         clock = DatabaseClock(now, self._monotonic)
         self._rescue(now)
-        free = self.settings.LONG_BATCH - self.in_hand()
+        free = self.free_slots()
         if free <= 0:
-            return 0
-        if free < self.settings.LONG_BATCH // 2 and self._monotonic() < self._gather_until:
-            # Rows of the last poll are finishing: wait a moment for more free slots, so
-            # that one poll fills many (a slot waits GATHER_S at most).
-            self._next_due_at = self._gather_until
             return 0
         gate = self.pauses.check(now, Lane.LONG)
         token = uuid.uuid4().hex
@@ -110,7 +121,6 @@ class LongLane:
                                         None, now)
         if not jobs:
             return 0
-        self._gather_until = self._monotonic() + GATHER_S
         started_at = clock()
         earlier = store.jobs_long_mark_started([job.id for job in jobs],  # type: ignore[misc]
                                                token, started_at)
@@ -121,6 +131,7 @@ class LongLane:
                 continue
             with self._lock:
                 self._in_hand[job.id] = token  # type: ignore[index]
+                self._running += 1
             args: tuple[Any, ...] = (job, token, clock, LongLaneTry(
                 self.worker_id, started_at, tuple(earlier[job.id])), job.target in probes)
             if self._pool is None:
@@ -172,9 +183,12 @@ class LongLane:
 
     def _run(self, job: Job, token: str, clock: DatabaseClock, running: LongLaneTry,
              probe: bool) -> None:
-        """Run the started job's handler, judge it once and write the outcome."""
+        """Run the started job's handler and judge it once; its slot is free as soon as
+        the handler returned, its outcome goes to the writer (without threads: written
+        here). The row stays in hand until the outcome is written."""
         assert job.id is not None
         started = self._monotonic()
+        result: RunResult | None = None
         try:
             target: Target | None
             try:
@@ -189,27 +203,62 @@ class LongLane:
             result = RunResult(job, judge(job, target, answer.error, finished_at), duration_ms,
                                answer.result_json, try_entry(self.worker_id, running.started_at,
                                                              finished_at, answer.error))
-            self._finish(token, result, clock)
-            if probe and not result.outcome.pause_target:
-                self.pauses.probe_answered(job.target)
         finally:
             with self._lock:
-                self._in_hand.pop(job.id, None)
-            self.on_row_done()
+                self._running -= 1
+            if result is None:  # failed outside its handler: the lease rescue takes it
+                self._settle(job, None, False)
+        if self._writer is None:
+            self._write([(token, result, probe, clock)])
+            return
+        self._outcomes.put((token, result, probe, clock))
+        self.on_row_done()
 
-    def _finish(self, token: str, result: RunResult, clock: Callable[[], datetime]) -> None:
-        """Write ``result`` with every outcome queued meanwhile (group commit); returns once
-        it is written, by this thread or by the one that held the pen."""
+    def _write_outcomes(self) -> None:
+        """The writer thread: every outcome queued while it wrote the last ones goes in
+        one transaction per claim token (group commit)."""
+        stopping = False
+        while not stopping:
+            batch = [self._outcomes.get()]
+            while True:
+                try:
+                    batch.append(self._outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = None in batch
+            items = [item for item in batch if item is not None]
+            if not items:
+                continue
+            try:
+                self._write(items)
+            except Exception as exc:
+                if is_database_fault(exc):
+                    self.outages.failed(exc, "long-lane outcome")
+                else:
+                    logger.exception("long lane could not write the outcomes of jobs %s",
+                                     ", ".join(str(item[1].job.id) for item in items))
+                for _, result, _, _ in items:  # not written: the lease rescue takes them
+                    self._settle(result.job, None, False)
+        close_quietly()
+
+    def _write(self, items: list[tuple[str, RunResult, bool, DatabaseClock]]) -> None:
+        """Write the outcomes, then free their slots."""
+        by_token: dict[str, list[RunResult]] = {}
+        for token, result, _, _ in items:
+            by_token.setdefault(token, []).append(result)
+        for token, results in by_token.items():
+            self._record(token, results, items[-1][3])
+        for _, result, probe, _ in items:
+            self._settle(result.job, result, probe)
+
+    def _settle(self, job: Job, result: RunResult | None, probe: bool) -> None:
+        """The row is out of hand: its slot is free (and an answered probe resumes its
+        target)."""
+        if probe and result is not None and not result.outcome.pause_target:
+            self.pauses.probe_answered(job.target)
         with self._lock:
-            self._unwritten.append((token, result))
-        with self._writing:
-            with self._lock:
-                queued, self._unwritten = self._unwritten, []
-            by_token: dict[str, list[RunResult]] = {}
-            for claim, done in queued:
-                by_token.setdefault(claim, []).append(done)
-            for claim, results in by_token.items():
-                self._record(claim, results, clock)
+            self._in_hand.pop(job.id, None)  # type: ignore[arg-type]
+        self.on_row_done()
 
     def _record(self, token: str, results: list[RunResult], clock: Callable[[], datetime]
                 ) -> None:
@@ -256,3 +305,7 @@ class LongLane:
         """Finish the rows in hand (their leases keep being renewed by the heartbeat)."""
         if self._pool is not None:
             self._pool.shutdown(wait=wait)
+        if self._writer is not None:
+            self._outcomes.put(None)
+            if wait:
+                self._writer.join()

@@ -334,39 +334,44 @@ def test_unreachable_releases_the_claim_keeps_attempts_and_pauses(targets: Any,
 @pytest.mark.django_db(transaction=True)  # the pool threads write on connections of their own
 def test_outcomes_that_finish_while_one_is_written_are_written_together(
         targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Five handlers finish while the pen is held: their five outcomes go in one write, and
-    each thread returns only once its outcome is written."""
+    """The writer writes one outcome; the four handlers that return meanwhile free their
+    slots at once, stay in hand (their leases renewed) and go in its next write, together."""
     from jobs_engine.lanes import long as long_lane
 
-    release = threading.Event()
-    targets("ll.group", handler=lambda job: None if release.wait(10) else "timeout",
+    go = threading.Semaphore(0)
+    targets("ll.group", handler=lambda job: None if go.acquire(timeout=10) else "timeout",
             lane="long")
     ids = [put("ll.group", t0) for _ in range(5)]
+    worker_id = f"G-{uuid.uuid4().hex[:6]}"
+    settings = load_settings({"LONG_BATCH": 5}, environ={})
+    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings))
     writes: list[list[int]] = []
+    seen_while_writing: list[tuple[int, int]] = []
     real_record = long_lane.record
 
     def counted(guard: Any, results: Any, now: datetime, settings: Any) -> Any:
         writes.append(sorted(r.job.id for r in results))
+        if len(writes) == 1:  # hold the first write until the other four are waiting
+            go.release(4)
+            deadline = time.monotonic() + 10
+            while lane._outcomes.qsize() < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            seen_while_writing.append((lane.free_slots(), lane.in_hand()))
         return real_record(guard, results, now, settings)
 
     monkeypatch.setattr(long_lane, "record", counted)
-    worker_id = f"G-{uuid.uuid4().hex[:6]}"
-    settings = load_settings({"LONG_BATCH": 5}, environ={})
-    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings))
     try:
-        with lane._writing:  # the pen is held: finished outcomes queue up
-            assert lane.run_once(t0) == 5
-            release.set()
-            deadline = time.monotonic() + 10
-            while len(lane._unwritten) < 5 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert lane.in_hand() == 5  # not written yet: no slot is free
+        assert lane.run_once(t0) == 5
+        go.release(1)
+        deadline = time.monotonic() + 10
+        while lane.in_hand() and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
-        release.set()
+        go.release(5)
         lane.shutdown(wait=True)
-    assert writes == [sorted(ids)]
+    assert [len(w) for w in writes] == [1, 4] and sorted(sum(writes, [])) == sorted(ids)
+    assert seen_while_writing == [(5, 5)]  # every slot free, no row out of hand yet
     assert not JobModel.objects.filter(id__in=ids).exists()
-    assert lane.in_hand() == 0
 
 
 def test_expired_leases_are_looked_for_at_most_once_a_second(targets: Any, t0: datetime
