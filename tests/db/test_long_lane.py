@@ -369,7 +369,7 @@ def test_outcomes_that_finish_while_one_is_written_are_written_together(
     finally:
         go.release(5)
         lane.shutdown(wait=True)
-    assert [len(w) for w in writes] == [1, 4] and sorted(sum(writes, [])) == sorted(ids)
+    assert [len(w) for w in writes] == [1, 4] and sorted(writes[0] + writes[1]) == sorted(ids)
     assert seen_while_writing == [(5, 5)]  # every slot free, no row out of hand yet
     assert not JobModel.objects.filter(id__in=ids).exists()
 
