@@ -33,7 +33,7 @@ class Job(models.Model):
     version = models.BigIntegerField(default=0, help_text="Order inside a key.")
     payload = models.JSONField(null=True, blank=True)
     headers = models.JSONField(default=dict, blank=True)
-    dedupe_key = models.CharField(max_length=255, unique=True)
+    dedupe_key = models.CharField(max_length=255)  # unique: see Meta.constraints
     status = models.CharField(max_length=8, choices=JobStatus.choices, default=JobStatus.PENDING)
     delivery_mode = models.CharField(max_length=16, choices=DeliveryMode.choices,
                                      default=DeliveryMode.AT_MOST_ONCE)
@@ -83,6 +83,10 @@ class Job(models.Model):
             models.Index(fields=["key"], condition=Q(key__isnull=False), name="jobs_key"),
         ]
         constraints = [
+            # The enqueue's ON CONFLICT target. A constraint, not ``unique=True``: for that,
+            # Django adds a second, varchar_pattern_ops index no query uses, which every
+            # insert and every status change would write.
+            models.UniqueConstraint(fields=["dedupe_key"], name="jobs_one_per_dedupe_key"),
             # At most one RUNNING row per exclusive code, across every worker.
             models.UniqueConstraint(fields=["running_code"],
                                     condition=RUNNING & Q(running_code__isnull=False),
