@@ -21,7 +21,7 @@ class JobsEngineConfig(AppConfig):
         setting_changed.connect(reset_settings_cache)
         flows.register_flow_target()
         if _names_this_engine(getattr(settings, "TASKS", None)):
-            from jobs_engine.tasks.queues import register_configured_backends
+            from jobs_engine.tasks.backend import register_configured_backends
 
             register_configured_backends()
         if find_spec("ninja") is not None:  # the ``api`` extra: the flows' routes join it

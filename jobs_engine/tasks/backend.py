@@ -14,8 +14,10 @@ import re
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 
 from jobs_engine.enqueueing import enqueue
 from jobs_engine.errors import InvalidJob
@@ -87,3 +89,15 @@ def _json_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
     json.dumps([args, kwargs])
     return normalize_json(list(args)), normalize_json(dict(kwargs))
 
+
+def register_configured_backends() -> None:
+    """The targets of every ``TASKS`` backend of this engine, at start-up: a worker runs
+    their queues before any code of it touched ``task_backends``."""
+    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
+        try:
+            backend = import_string(params["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # Django reports a backend it cannot import, when it is used
+        if isinstance(backend, type) and issubclass(backend, JobsEngineBackend):
+            register_queues(alias, queue_rules(alias, list(params.get("QUEUES", ["default"])),
+                                               params.get("OPTIONS", {})))

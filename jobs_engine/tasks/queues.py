@@ -129,20 +129,3 @@ def register_queues(alias: str, rules: Mapping[str, QueueRules]) -> None:
             registry.unregister_target(name)
             registry.register_target(name, run_task, lane=Lane.LONG,
                                      delivery_mode=rule.delivery_mode, policy=rule.policy)
-
-
-def register_configured_backends() -> None:
-    """The targets of every ``TASKS`` backend of this engine, at start-up: a worker runs
-    their queues before any code of it touched ``task_backends``."""
-    from django.conf import settings
-
-    from jobs_engine.tasks.backend import JobsEngineBackend
-
-    for alias, params in (getattr(settings, "TASKS", None) or {}).items():
-        try:
-            backend = import_string(params["BACKEND"])
-        except (ImportError, KeyError, TypeError):
-            continue  # Django reports a backend it cannot import, when it is used
-        if isinstance(backend, type) and issubclass(backend, JobsEngineBackend):
-            register_queues(alias, queue_rules(alias, list(params.get("QUEUES", ["default"])),
-                                               params.get("OPTIONS", {})))
