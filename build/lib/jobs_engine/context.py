@@ -1,0 +1,100 @@
+"""Request context: the trace id and actor stamped on every job enqueued in a request.
+
+Outside a request each enqueue gets a fresh trace id. When a job runs, its handler
+sees the job's own trace id, so a chain of side effects shares one trace.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+
+_trace_id: ContextVar[str | None] = ContextVar("jobs_engine_trace_id", default=None)
+_actor: ContextVar[dict[str, Any] | None] = ContextVar("jobs_engine_actor", default=None)
+
+
+def new_trace_id() -> str:
+    return uuid.uuid4().hex
+
+
+def current_trace_id() -> str:
+    return _trace_id.get() or new_trace_id()
+
+
+def current_actor() -> dict[str, Any] | None:
+    return _actor.get()
+
+
+@contextmanager
+def job_context(trace_id: str | None, actor: dict[str, Any] | None = None) -> Iterator[None]:
+    trace_token = _trace_id.set(trace_id)
+    actor_token = _actor.set(actor)
+    try:
+        yield
+    finally:
+        _trace_id.reset(trace_token)
+        _actor.reset(actor_token)
+
+
+@dataclass(frozen=True)
+class LongLaneTry:
+    """The try a long-lane handler runs in: its worker, when it started, and the job's
+    earlier tries (its ``tries`` entries, oldest first)."""
+
+    worker_id: str
+    started_at: datetime
+    earlier: tuple[dict[str, Any], ...]
+
+
+_try: ContextVar[LongLaneTry | None] = ContextVar("jobs_engine_try", default=None)
+
+
+def current_try() -> LongLaneTry | None:
+    """The running long-lane try, inside its handler; None anywhere else."""
+    return _try.get()
+
+
+@contextmanager
+def try_context(running: LongLaneTry) -> Iterator[None]:
+    token = _try.set(running)
+    try:
+        yield
+    finally:
+        _try.reset(token)
+
+
+# What a request may name as its trace id: anything else (a NUL, text no column can hold,
+# an endless value) gets a fresh one.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+
+
+def _trace_from_request(request: HttpRequest) -> str:
+    traceparent = request.headers.get("traceparent", "")
+    parts = traceparent.split("-")
+    if len(parts) == 4 and re.fullmatch(r"[0-9a-f]{32}", parts[1]):
+        return parts[1]
+    request_id = request.headers.get("X-Request-ID", "")
+    return request_id if _REQUEST_ID.fullmatch(request_id) else new_trace_id()
+
+
+class RequestContextMiddleware:
+    """Sets the trace id and actor for jobs enqueued while serving a request."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        user = getattr(request, "user", None)
+        actor = None
+        if user is not None and user.is_authenticated:
+            actor = {"type": "user", "id": user.pk, "username": user.get_username()}
+        with job_context(_trace_from_request(request), actor):
+            return self.get_response(request)

@@ -1,0 +1,171 @@
+"""Enqueue: job rows join the caller's open transaction.
+
+A committed business change always has its jobs; a rolled-back one has none. Every check
+runs before the first write, so a bad item leaves the database untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings, jobs_settings
+from jobs_engine.context import current_actor, current_trace_id
+from jobs_engine.errors import InvalidJob
+from jobs_engine.lanes import lossy
+from jobs_engine.registry import Target, get_target
+from jobs_engine.states import Lane
+from jobs_engine.text import NUL_PROBLEM, SURROGATE_PROBLEM, json_text
+
+MAX_DEDUPE_KEY_LENGTH = 255
+_COLUMN_KEY_LENGTH = 255
+_COLUMN_CODE_LENGTH = 200
+MIN_PRIORITY, MAX_PRIORITY = -100, 100  # Django's Tasks API uses the same range
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    inserted: bool
+    job_id: int | None
+    lossy: bool = False
+
+
+def partition_for(key: str | None, dedupe_key: str, partitions: int) -> int:
+    """A stable partition: md5, not ``hash()``, whose seed changes per process."""
+    digest = hashlib.md5((key or dedupe_key).encode(), usedforsecurity=False).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+def _check_text(field: str, value: Any, limit: int) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise InvalidJob(field, f"must be a non-empty string, got {value!r}")
+    if len(value) > limit:
+        raise InvalidJob(field, f"is {len(value)} characters, longer than {limit}")
+    if "\x00" in value:
+        raise InvalidJob(field, NUL_PROBLEM)
+    if not value.isascii():  # ASCII (the usual key) cannot hold a surrogate: no encode
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidJob(field, SURROGATE_PROBLEM) from None
+
+
+def _json_text(field: str, value: Any, max_bytes: int | None = None) -> str:
+    try:
+        return json_text(value, max_bytes)
+    except ValueError as exc:
+        raise InvalidJob(field, str(exc)) from None
+
+
+def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, store.NewJob]:
+    unknown = set(item) - {"target", "payload", "code", "key", "version", "dedupe_key",
+                           "headers", "run_at", "priority"}
+    if unknown:
+        raise InvalidJob(sorted(unknown)[0], "is not an enqueue argument")
+    if "target" not in item:
+        raise InvalidJob("target", "is required")
+    target = get_target(item["target"])
+    payload_json = _json_text("payload", item.get("payload"), settings.MAX_PAYLOAD_BYTES)
+    key, code, dedupe_key = item.get("key"), item.get("code"), item.get("dedupe_key")
+    _check_text("key", key, min(settings.MAX_KEY_LENGTH, _COLUMN_KEY_LENGTH))
+    _check_text("code", code, min(settings.MAX_CODE_LENGTH, _COLUMN_CODE_LENGTH))
+    _check_text("dedupe_key", dedupe_key, MAX_DEDUPE_KEY_LENGTH)
+    version = item.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise InvalidJob("version", f"must be an integer, got {version!r}")
+    if version is not None and version < 0:
+        raise InvalidJob("version", f"must not be negative, got {version}")
+    headers = item.get("headers")
+    headers = {} if headers is None else headers
+    if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
+        raise InvalidJob("headers", "must be a mapping with string keys")
+    if headers:  # the store encodes them again; checked here for what it cannot write
+        _json_text("headers", dict(headers))
+    run_at = item.get("run_at")
+    if run_at is not None and (not isinstance(run_at, datetime) or timezone.is_naive(run_at)):
+        raise InvalidJob("run_at", "must be a timezone-aware datetime")
+    priority = item.get("priority") or 0
+    if isinstance(priority, bool) or not isinstance(priority, int) \
+            or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidJob("priority", f"must be a whole number from {MIN_PRIORITY} to "
+                                     f"{MAX_PRIORITY}, got {priority!r}")
+    if priority and target.lane is not Lane.LONG:
+        raise InvalidJob("priority", f"orders the long lane only; {target.name} runs on the "
+                                     f"{target.lane.value} lane, in key order")
+    dedupe_key = dedupe_key or uuid.uuid4().hex
+    return target, store.NewJob(
+        code=code or target.name, target=target.name, lane=target.lane.value, key=key,
+        partition=partition_for(key, dedupe_key, settings.PARTITIONS), version=version or 0,
+        payload_json=payload_json, headers=dict(headers), dedupe_key=dedupe_key,
+        delivery_mode=target.delivery_mode.value, trace_id=current_trace_id(),
+        actor=current_actor(), run_at=run_at, priority=priority,
+    )
+
+
+def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
+                 ) -> list[EnqueueResult]:
+    """Enqueue several jobs with one insert; results are in the order of ``items``.
+
+    Each item is a mapping of ``enqueue``'s arguments. Within the call and against rows
+    already stored, the first ``dedupe_key`` wins and the others insert nothing.
+    """
+    settings = jobs_settings()
+    built = [_build(item, settings) for item in items]
+    durable: list[store.NewJob] = []
+    seen: set[str] = set()
+    for target, row in built:
+        if not target.lossy and row.dedupe_key not in seen:
+            seen.add(row.dedupe_key)
+            durable.append(row)
+    # One statement: atomic on its own in autocommit, part of the caller's transaction
+    # inside one (no savepoint needed, ON CONFLICT cannot fail it).
+    inserted = store.jobs_insert_many(durable, timezone.now(), using) if durable else {}
+    existing: dict[str, int] = {}
+    missing = [row.dedupe_key for row in durable if row.dedupe_key not in inserted]
+    if missing:
+        existing = store.jobs_ids_by_dedupe_key(missing, using)
+    results: list[EnqueueResult] = []
+    first_claim: set[str] = set()
+    for target, row in built:
+        if target.lossy:
+            transaction.on_commit(lambda t=target, r=row: lossy.hand_off(t, r, settings),
+                                  using=using)
+            results.append(EnqueueResult(inserted=False, job_id=None, lossy=True))
+            continue
+        if row.dedupe_key in inserted and row.dedupe_key not in first_claim:
+            first_claim.add(row.dedupe_key)
+            results.append(EnqueueResult(inserted=True, job_id=inserted[row.dedupe_key]))
+        else:
+            job_id = inserted.get(row.dedupe_key) or existing.get(row.dedupe_key)
+            results.append(EnqueueResult(inserted=False, job_id=job_id))
+    return results
+
+
+def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | None = None,
+            version: int | None = None, dedupe_key: str | None = None,
+            headers: Mapping[str, Any] | None = None, run_at: datetime | None = None,
+            priority: int = 0, using: str | None = None) -> EnqueueResult:
+    """Enqueue one job inside the caller's transaction (autocommit outside one).
+
+    Business code should derive ``dedupe_key`` from the change (``<event>:<key>:<version>``)
+    so a replayed request cannot make a second job; without one a random key is used.
+    ``priority`` (long lane, -100..100): among due jobs a higher one runs first.
+    """
+    item = {"target": target, "payload": payload, "code": code, "key": key, "version": version,
+            "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at, "priority": priority}
+    return enqueue_many([item], using=using)[0]
+
+
+def next_version(key: str, using: str | None = None) -> int:
+    """The next version of ``key`` (1, 2, ...), atomic inside the caller's transaction."""
+    _check_text("key", key, _COLUMN_KEY_LENGTH)
+    return store.version_counter_next(key, using)  # one upsert: atomic on its own

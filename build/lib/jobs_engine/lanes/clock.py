@@ -1,0 +1,31 @@
+"""Time as the lanes reckon it: the database's clock, and how long to trust a lease.
+
+Lease and schedule decisions are made on the database's clock, so workers with skewed
+clocks stay correct; asking the database at every decision would cost a round trip each,
+so a step reads it once and moves it on with this process's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+
+class DatabaseClock:
+    """The database's time at the start of a step, moved on by the monotonic clock."""
+
+    def __init__(self, start: datetime, monotonic: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.start = start
+        self._monotonic = monotonic
+        self.started = monotonic()  # when ``start`` was read, on the monotonic clock
+
+    def __call__(self) -> datetime:
+        return self.start + timedelta(seconds=self._monotonic() - self.started)
+
+
+def trust_s(lease_s: float) -> float:
+    """How long after asking for a renewal a worker trusts its lease: the lease minus a
+    margin (a tenth, at most a second) for the time the answer took to arrive."""
+    return lease_s - min(1.0, lease_s * 0.1)

@@ -1,0 +1,313 @@
+"""The fast lane: ordered sends from the partitions this worker holds.
+
+One ``run_once`` reads up to ``FAST_BATCH`` due rows (each the head of its key) and hands
+them to their targets in *sends*. Before a send its rows join their partitions' in-flight
+marks, under the lease guard and under one token for the whole poll; outcomes are written
+after the poll's sends, together with the clearing of the marks, so a crash at any point
+leaves every handed row judged by its delivery mode on takeover, and every row not handed
+still PENDING.
+
+A send is one row, except for targets with a batch handler and at-least-once targets
+(for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
+get all their rows of the poll in one send. So a poll costs a handful of statements, not a
+few per row, which is the route to speed. When the poll's first send is such a send, the
+read marks its rows itself (``store.jobs_fast_poll``): the busiest case, one batch target
+such as a Kafka topic, needs no mark statement of its own.
+
+A database fault does not lose what was sent: the poll's results wait (``Unwritten``) and
+are written before anything else is polled (docs/design.md#database-outages).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from itertools import groupby
+
+from django.db import transaction
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings
+from jobs_engine.errors import UnknownTarget
+from jobs_engine.job import Job
+from jobs_engine.lanes import outcomes
+from jobs_engine.lanes.clock import DatabaseClock
+from jobs_engine.lanes.handlers import Handed, call_batch_handler, call_handler
+from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.outage import is_database_fault
+from jobs_engine.lanes.outcomes import Outcome, RunResult, judge
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.registry import Target, all_targets, get_target
+from jobs_engine.states import DeliveryMode, Lane
+
+logger = logging.getLogger("jobs_engine")
+
+
+def takes_whole_poll(target: Target | None) -> bool:
+    """Whether a target's rows of a poll go in one send (see the module docstring)."""
+    return target is not None and (target.batch_handler is not None
+                                   or target.delivery_mode is DeliveryMode.AT_LEAST_ONCE)
+
+
+def sends_of(jobs: Sequence[Job], targets: dict[str, Target | None]) -> list[list[Job]]:
+    """Split a poll's jobs into sends, target by target in name order."""
+    sends: list[list[Job]] = []
+    for name, group in groupby(sorted(jobs, key=lambda j: j.target), key=lambda j: j.target):
+        group_jobs = list(group)
+        if takes_whole_poll(targets[name]):
+            sends.append(group_jobs)
+        else:
+            sends += [[job] for job in group_jobs]
+    return sends
+
+
+@dataclass
+class Unwritten:
+    """A poll's results until they are written; its rows stay in the poll's in-flight
+    marks (under ``token``) until then."""
+
+    token: str
+    results: list[RunResult] = field(default_factory=list)
+    probes: frozenset[str] = frozenset()  # paused targets this poll probes
+    paused: set[str] = field(default_factory=set)  # targets a send of this poll paused
+
+
+class FastLane:
+    def __init__(self, worker_id: str, settings: JobsSettings, leases: PartitionLeases,
+                 pauses: PauseGate, monotonic: Callable[[], float] = time.monotonic,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+        self.worker_id = worker_id
+        self.should_stop = should_stop
+        self.settings = settings
+        self.leases = leases
+        self.pauses = pauses
+        self._monotonic = monotonic
+        self._next_backlog_walk = 0.0  # monotonic time of the next whole-backlog walk
+        # Polls whose outcomes a database fault kept from being written, by token (the main
+        # thread writes them; the heartbeat thread reads the tokens).
+        self._unwritten: dict[str, Unwritten] = {}
+        self._unwritten_lock = threading.Lock()
+        # A partition the heartbeat takes back with one of these marks is this lane's own.
+        leases.own_unwritten = self.unwritten_tokens
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """One poll and its sends; returns the number of rows handed to targets.
+
+        Outcomes a database fault kept from being written are written first; until they
+        are, nothing is polled (a poll would re-read the rows still in this worker's
+        in-flight marks, and its marks would overwrite them).
+        """
+        self.write_unwritten()
+        held = self.leases.held()
+        if not held:
+            return 0
+        now = now or store.db_now()
+        clock = DatabaseClock(now, self._monotonic)
+        gate = self.pauses.check(now, Lane.FAST)
+        # Only targets registered here: another release's rows wait for its own workers.
+        fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy
+                       and t.name not in gate.skip), key=lambda t: t.name)
+        limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
+        # A paused target's probe row may be given back: only others are marked by the read.
+        markable = [t.name for t in fast if takes_whole_poll(t) and t.name not in gate.expired]
+        # One token per poll: marks, outcomes and the final clear carry it. From the read on
+        # (it may mark rows), a database fault leaves the poll's outcomes to write later.
+        poll_out = Unwritten(uuid.uuid4().hex)
+        try:
+            poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
+                                        token=poll_out.token, markable=markable)
+            jobs = poll.jobs + self._backlog_heads(held, now, limits, poll.jobs)
+            jobs, _, poll_out.probes = self.pauses.probe_rows(jobs, gate, now)
+            if not jobs:  # unsent rows stay PENDING
+                return 0
+            partitions = {job.partition for job in jobs}
+            self.leases.busy |= partitions
+            try:
+                self._send_poll(jobs, poll, poll_out, clock)
+            finally:
+                self.leases.busy -= partitions
+        except Exception as exc:
+            if is_database_fault(exc):
+                self._keep_unwritten(poll_out)
+            raise
+        self._write(poll_out, clock())
+        return len(poll_out.results)
+
+    def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
+                       jobs: list[Job]) -> list[Job]:
+        """Heads from the whole due backlog of the targets the poll read nothing of, at
+        most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
+        stall its target, and the walk reads that target's whole backlog."""
+        if self._monotonic() < self._next_backlog_walk:
+            return []
+        found = {job.target for job in jobs}
+        missing = {name: limit for name, limit in limits.items() if name not in found}
+        if not missing:
+            return []
+        self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
+        return store.jobs_fast_due(held, now, missing, whole_backlog=True)
+
+    # -- outcomes kept through a database fault -----------------------------------------
+
+    def unwritten_tokens(self) -> frozenset[str]:
+        """Tokens of this worker's in-flight marks whose outcomes wait to be written: a
+        partition taken back with such a mark is this worker's own, not a dead one's."""
+        with self._unwritten_lock:
+            return frozenset(self._unwritten)
+
+    def write_unwritten(self, now: datetime | None = None) -> int:
+        """Write the outcomes of earlier polls that a database fault kept (and clear their
+        marks); raises on a database fault. Returns the polls written."""
+        with self._unwritten_lock:
+            pending = list(self._unwritten.values())
+        if not pending:
+            return 0
+        now = now or store.db_now()
+        for poll_out in pending:
+            self._write(poll_out, now)
+            with self._unwritten_lock:
+                self._unwritten.pop(poll_out.token, None)
+            logger.warning("outcomes of %s row(s) written after a database fault worker=%s",
+                           len(poll_out.results), self.worker_id)
+        return len(pending)
+
+    def _keep_unwritten(self, poll_out: Unwritten) -> None:
+        with self._unwritten_lock:
+            self._unwritten[poll_out.token] = poll_out
+
+    def _write(self, poll_out: Unwritten, now: datetime) -> None:
+        """Write a poll's outcomes and clear its marks in one transaction, then report."""
+        try:
+            with transaction.atomic():
+                written = outcomes.write(store.Guard(Lane.FAST, poll_out.token),
+                                         poll_out.results, now, self.settings)
+                store.partitions_clear_inflight(poll_out.token)
+        except Exception as exc:
+            if is_database_fault(exc):
+                self._keep_unwritten(poll_out)
+            raise
+        outcomes.report(poll_out.results, written, now)
+        answered = {r.job.target for r in poll_out.results} - poll_out.paused
+        for target_name in poll_out.probes & answered:
+            self.pauses.probe_answered(target_name)
+
+    # -- sends ----------------------------------------------------------------------------
+
+    def _send_poll(self, jobs: list[Job], poll: store.FastPoll, poll_out: Unwritten,
+                   clock: Callable[[], datetime]) -> None:
+        """Hand the jobs to their targets, send by send, adding each result to
+        ``poll_out`` as it comes (so a fault halfway keeps what was already sent)."""
+        targets: dict[str, Target | None] = {}
+        for name in {job.target for job in jobs}:
+            try:
+                targets[name] = get_target(name)
+            except UnknownTarget:
+                targets[name] = None
+        token = poll_out.token
+        inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
+        for send in sends_of(jobs, targets):
+            if send[0].target == poll.marked_target:
+                # Marked by the read: in hand already, so a stop request does not leave
+                # them unsent. Rows of a partition the read could not mark take the usual
+                # path.
+                send = ([job for job in send if job.partition in poll.marked]
+                        + self._mark_inflight([job for job in send
+                                               if job.partition not in poll.marked],
+                                              inflight, token, clock))
+            else:
+                if send[0].target in poll_out.paused:
+                    continue  # the rest of a paused target's rows wait; others go on
+                if self.should_stop():
+                    break  # shutting down: rows not handed stay PENDING for the next owner
+                # Self-fencing: nothing more of a partition whose lease may be gone.
+                trusted = {p for p in {job.partition for job in send}
+                           if self.leases.trusted(p)}
+                send = self._mark_inflight([job for job in send if job.partition in trusted],
+                                           inflight, token, clock)
+            if not send:
+                continue
+            sent = self._send(targets[send[0].target], send, clock)
+            poll_out.results += sent
+            poll_out.paused |= {r.job.target for r in sent if r.outcome.pause_target}
+
+    def _mark_inflight(self, send: list[Job], inflight: dict[int, list[int]],
+                       token: str, clock: Callable[[], datetime]) -> list[Job]:
+        """Mark ``send`` in flight in one statement; returns the jobs to hand.
+
+        Rows of a partition whose lease is lost are dropped with the partition; rows
+        closed meanwhile (a takeover, an admin) are left out and the rest marked again.
+        """
+        handed: list[Job] = []
+        for _ in range(2):
+            if not send:
+                break
+            wanted: dict[int, list[int]] = {}
+            for job in send:
+                ids = wanted.get(job.partition)
+                if ids is None:  # this poll's earlier marks of the partition, then these
+                    ids = wanted[job.partition] = list(inflight.get(job.partition, ()))
+                ids.append(job.id)  # type: ignore[arg-type]
+            marked = store.partitions_mark_inflight_if_leased(
+                self.worker_id, clock(), wanted, token,
+                [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
+            for partition in marked:
+                inflight[partition] = wanted[partition]
+            handed += [job for job in send if job.partition in marked]
+            refused = [job for job in send if job.partition not in marked]
+            if not refused:
+                break
+            pending = store.jobs_still_pending(
+                [(job.id, job.attempts) for job in refused])  # type: ignore[misc]
+            closed_in = {job.partition for job in refused if job.id not in pending}
+            for partition in {job.partition for job in refused} - closed_in:
+                logger.warning("partition lease lost before send partition=%s worker=%s",
+                               partition, self.worker_id)
+                self.leases.drop(partition)
+            send = [job for job in refused if job.partition in closed_in and job.id in pending]
+        return handed
+
+    def _send(self, target: Target | None, send: list[Job], clock: Callable[[], datetime]
+              ) -> list[RunResult]:
+        """Hand ``send`` to its target and judge each job once.
+
+        The lease is checked again right before the hand-off: a worker stalled after its
+        mark (SIGSTOP, a long GC pause) may have lost the partition meanwhile, and its new
+        owner may already have sent later versions of the key. Jobs not handed get no
+        result: they stay as they are (in this poll's mark, for the new owner to judge).
+        """
+        started = self._monotonic()
+        trusted = self.leases.trusted
+        if target is None:
+            handed, answers = send, [Handed(UnknownTarget(send[0].target))] * len(send)
+        elif target.batch_handler is not None:
+            kept = {p for p in {job.partition for job in send} if trusted(p)}
+            handed = [job for job in send if job.partition in kept]
+            answers = call_batch_handler(target, handed) if handed else []
+        else:
+            handed, answers, verdicts = [], [], []
+            for job in send:
+                if not trusted(job.partition):
+                    continue
+                handed.append(job)
+                answers.append(call_handler(target, job))
+                verdicts.append(judge(job, target, answers[-1].error, clock()))
+                if verdicts[-1].pause_target:
+                    break  # the target is down: the rest of this send is not handed
+            return self._results(handed, answers, verdicts, started)
+        now = clock()
+        return self._results(handed, answers, [judge(job, target, answer.error, now)
+                                               for job, answer in zip(handed, answers,
+                                                                      strict=True)], started)
+
+    def _results(self, handed: list[Job], answers: list[Handed], verdicts: list[Outcome],
+                 started: float) -> list[RunResult]:
+        if not answers:
+            return []
+        duration_ms = (self._monotonic() - started) * 1000 / len(answers)
+        return [RunResult(job, verdict, duration_ms, answer.result_json)
+                for job, answer, verdict in zip(handed, answers, verdicts, strict=True)]

@@ -1,0 +1,71 @@
+"""Calling a target's handler: its failure as a value, its result as JSON text.
+
+Every exception a handler raises becomes an outcome (``outcomes.judge``), never a crashed
+worker; a result the engine cannot store (not JSON, a NUL, too deep, too large) fails the
+try with ``InvalidResult`` rather than being dropped. Both lanes call handlers only through
+here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from jobs_engine.conf import jobs_settings
+from jobs_engine.context import job_context
+from jobs_engine.errors import InvalidResult
+from jobs_engine.job import Job, RawPayloadJob
+from jobs_engine.registry import Target
+from jobs_engine.text import json_text
+
+
+class Handed(NamedTuple):
+    """What a handler did with one job: the exception it raised, or its result as the
+    JSON text to keep (None when it returned None)."""
+
+    error: BaseException | None
+    result_json: str | None = None
+
+
+_RETURNED_NOTHING = Handed(None)  # the hot path's answer: one object for every success
+
+
+def _as_handed(target: Target, job: Job) -> Job:
+    # The deprecated ``payload_json=True`` promised the stored text as ``job.payload``.
+    return RawPayloadJob(*job) if target.payload_json else job
+
+
+def _result(target: Target, value: Any) -> Handed:
+    if value is None:
+        return _RETURNED_NOTHING
+    try:
+        return Handed(None, json_text(value, jobs_settings().MAX_PAYLOAD_BYTES))
+    except ValueError as exc:
+        return Handed(InvalidResult(f"the handler of {target.name} returned a result that "
+                                    f"cannot be kept: it {exc}"))
+
+
+def call_handler(target: Target, job: Job) -> Handed:
+    with job_context(job.trace_id, {"via": "system", "origin": job.actor}):
+        try:
+            value = target.handler(_as_handed(target, job))
+        except Exception as exc:  # every failure is an outcome, never a crashed worker
+            return Handed(exc)
+    return _result(target, value)
+
+
+def call_batch_handler(target: Target, jobs: Sequence[Job]) -> list[Handed]:
+    """The batch handler returns, per job and in order, an exception or a result."""
+    assert target.batch_handler is not None
+    handed = [RawPayloadJob(*job) for job in jobs] if target.payload_json else jobs
+    with job_context(jobs[0].trace_id, {"via": "system"}):
+        try:
+            values = list(target.batch_handler(handed))
+        except Exception as exc:
+            return [Handed(exc)] * len(jobs)
+    if len(values) != len(jobs):
+        error = RuntimeError(f"batch handler of {target.name} returned {len(values)} results "
+                             f"for {len(jobs)} jobs")
+        return [Handed(error)] * len(jobs)
+    return [Handed(value) if isinstance(value, BaseException) else _result(target, value)
+            for value in values]

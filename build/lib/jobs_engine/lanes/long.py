@@ -1,0 +1,311 @@
+"""The long lane: leased rows for handlers that run for minutes.
+
+``run_once`` first rescues rows whose lease expired (their worker died or stalled; at most
+once a second), then reserves up to ``LONG_BATCH`` rows under a claim token, marks them
+started in one statement and hands each to a thread. The heartbeat renews the leases of
+rows in hand; every write of a row's outcome is guarded on its claim token, so a worker
+that lost a row cannot finish it. Outcomes are group-committed by one writer thread: what
+the handlers returned while it wrote the last outcomes goes in its next transaction, so a
+busy lane commits many outcomes at once and an idle one each at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from jobs_engine import store
+from jobs_engine.conf import JobsSettings
+from jobs_engine.context import LongLaneTry, try_context
+from jobs_engine.errors import UnknownTarget
+from jobs_engine.job import Job
+from jobs_engine.lanes.clock import DatabaseClock
+from jobs_engine.lanes.handlers import Handed, call_handler
+from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
+from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.registry import Target, all_targets, get_target
+from jobs_engine.states import Lane
+
+logger = logging.getLogger("jobs_engine")
+
+# Expired leases are looked for at most this often (database time): a lease is minutes, and
+# a busy lane polls hundreds of times a second.
+RESCUE_EVERY = timedelta(seconds=1)
+# The database's clock is asked at most this often; in between it is moved on by the
+# monotonic clock (``DatabaseClock``), instead of a round trip at every poll.
+CLOCK_READ_EVERY_S = 1.0
+
+
+class LongLane:
+    def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
+                 threads: bool = True, monotonic: Callable[[], float] = time.monotonic,
+                 on_row_done: Callable[[], None] = lambda: None,
+                 outages: Outages | None = None,
+                 should_stop: Callable[[], bool] = lambda: False,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        self.worker_id = worker_id
+        self.on_row_done = on_row_done  # a slot came free: the worker polls again at once
+        self.settings = settings
+        self.pauses = pauses
+        self._monotonic = monotonic
+        self.outages = outages or Outages(worker_id, monotonic)
+        self.should_stop = should_stop
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._in_hand: dict[int, str] = {}  # job id -> claim token
+        self._pool = (ThreadPoolExecutor(settings.LONG_BATCH, thread_name_prefix="long-lane")
+                      if threads else None)
+        self._futures: set[Future[None]] = set()
+        self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
+        self._rescued_at: datetime | None = None
+        self._clock: DatabaseClock | None = None
+        self._running = 0  # rows whose handler has not returned (in hand: until written)
+        # Outcomes to write: (claim token, result, probe, clock), None to stop the writer.
+        self._outcomes: queue.SimpleQueue[tuple[str, RunResult, bool, DatabaseClock] | None] = (
+            queue.SimpleQueue())
+        self._writer = (threading.Thread(target=self._write_outcomes, daemon=True,
+                                         name="long-lane-outcomes") if threads else None)
+        if self._writer is not None:
+            self._writer.start()
+
+    def in_hand(self) -> int:
+        with self._lock:
+            return len(self._in_hand)
+
+    def free_slots(self) -> int:
+        """Handlers this lane may start now: ``LONG_BATCH`` minus those running. A row whose
+        handler returned frees its slot at once, while its outcome waits for the writer
+        (it stays in hand, its lease renewed, until written); but no more than
+        ``LONG_BATCH`` outcomes wait, so a slow database slows the lane down."""
+        with self._lock:
+            waiting = len(self._in_hand) - self._running
+            return min(self.settings.LONG_BATCH - self._running,
+                       2 * self.settings.LONG_BATCH - len(self._in_hand)) if waiting >= 0 \
+                else 0
+
+    def run_once(self, now: datetime | None = None) -> int:
+        """Rescue expired leases, then reserve and start rows; returns rows started."""
+        now = now or self._database_now()
+        clock = DatabaseClock(now, self._monotonic)
+        self._rescue(now)
+        free = self.free_slots()
+        if free <= 0:
+            return 0
+        gate = self.pauses.check(now, Lane.LONG)
+        token = uuid.uuid4().hex
+        # Only targets registered here: another release's rows wait for its own workers.
+        mine = [t for t in all_targets() if t.lane is Lane.LONG and not t.lossy]
+        jobs = store.jobs_long_reserve(
+            self.worker_id, token, now, self.settings.LONG_LEASE_S, free,
+            exclusive_targets=[t.name for t in mine if t.exclusive],
+            targets=sorted(t.name for t in mine if t.name not in gate.skip),
+        )
+        self._next_due_at = None
+        if not jobs:
+            next_due = store.jobs_long_next_due([t.name for t in mine], now)
+            if next_due is not None:
+                self._next_due_at = self._monotonic() + (next_due - now).total_seconds()
+        jobs, give_back, probes = self.pauses.probe_rows(jobs, gate, now)
+        for job in give_back:
+            store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
+                                        None, now)
+        if not jobs:
+            return 0
+        started_at = clock()
+        earlier = store.jobs_long_mark_started([job.id for job in jobs],  # type: ignore[misc]
+                                               token, started_at)
+        started = 0
+        for job in jobs:
+            if job.id not in earlier:
+                logger.warning("long lane lost job %s before it started", job.id)
+                continue
+            with self._lock:
+                self._in_hand[job.id] = token  # type: ignore[index]
+                self._running += 1
+            args: tuple[Any, ...] = (job, token, clock, LongLaneTry(
+                self.worker_id, started_at, tuple(earlier[job.id])), job.target in probes)
+            if self._pool is None:
+                self._run(*args)
+            else:
+                future = self._pool.submit(self._run_in_thread, *args)
+                self._futures.add(future)
+                future.add_done_callback(self._futures.discard)
+            started += 1
+        return started
+
+    def _database_now(self) -> datetime:
+        if self._clock is None or self._monotonic() - self._clock.started > CLOCK_READ_EVERY_S:
+            self._clock = DatabaseClock(store.db_now(), self._monotonic)
+        return self._clock()
+
+    def _rescue(self, now: datetime) -> None:
+        """Rows whose lease expired: at-most-once ones that started go DEAD, the others
+        back to PENDING (``store.jobs_long_rescue_expired``)."""
+        if self._rescued_at is not None and timedelta(0) <= now - self._rescued_at < RESCUE_EVERY:
+            return
+        closed, released = store.jobs_long_rescue_expired(now)
+        self._rescued_at = now
+        announce_closed(closed)
+        if released:
+            logger.warning("long lane released %s rows whose lease expired", released)
+
+    def due_in_s(self) -> float | None:
+        """Seconds until the next deferred row comes due, when the last poll found nothing
+        due: the worker waits no longer (``run_after`` is honoured to the poll, not to the
+        next idle poll)."""
+        if self._next_due_at is None:
+            return None
+        return max(0.0, self._next_due_at - self._monotonic())
+
+    def _run_in_thread(self, job: Job, token: str, clock: DatabaseClock, running: LongLaneTry,
+                       probe: bool) -> None:
+        try:
+            self._run(job, token, clock, running, probe)
+        except Exception as exc:
+            if is_database_fault(exc):
+                self.outages.failed(exc, "long lane")  # drops the thread's connection
+            else:
+                logger.exception("long lane job %s failed outside its handler", job.id)
+                # Each pool thread keeps its own connection: drop it if it broke. Only
+                # then: Django would otherwise check it (or, with CONN_MAX_AGE 0, reopen
+                # it) after every job.
+                connection.close_if_unusable_or_obsolete()
+
+    def _run(self, job: Job, token: str, clock: DatabaseClock, running: LongLaneTry,
+             probe: bool) -> None:
+        """Run the started job's handler and judge it once; its slot is free as soon as
+        the handler returned, its outcome goes to the writer (without threads: written
+        here). The row stays in hand until the outcome is written."""
+        assert job.id is not None
+        started = self._monotonic()
+        result: RunResult | None = None
+        try:
+            target: Target | None
+            try:
+                target = get_target(job.target)
+            except UnknownTarget as exc:
+                target, answer = None, Handed(exc)
+            else:
+                with try_context(running):
+                    answer = call_handler(target, job)
+            duration_ms = (self._monotonic() - started) * 1000
+            finished_at = clock()
+            result = RunResult(job, judge(job, target, answer.error, finished_at), duration_ms,
+                               answer.result_json, try_entry(self.worker_id, running.started_at,
+                                                             finished_at, answer.error))
+        finally:
+            with self._lock:
+                self._running -= 1
+            if result is None:  # failed outside its handler: the lease rescue takes it
+                self._settle(job, None, False)
+        if self._writer is None:
+            self._write([(token, result, probe, clock)])
+            return
+        self._outcomes.put((token, result, probe, clock))
+        self.on_row_done()
+
+    def _write_outcomes(self) -> None:
+        """The writer thread: every outcome queued while it wrote the last ones goes in
+        one transaction per claim token (group commit)."""
+        stopping = False
+        while not stopping:
+            batch = [self._outcomes.get()]
+            while True:
+                try:
+                    batch.append(self._outcomes.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = None in batch
+            items = [item for item in batch if item is not None]
+            if not items:
+                continue
+            try:
+                self._write(items)
+            except Exception as exc:
+                if is_database_fault(exc):
+                    self.outages.failed(exc, "long-lane outcome")
+                else:
+                    logger.exception("long lane could not write the outcomes of jobs %s",
+                                     ", ".join(str(item[1].job.id) for item in items))
+                for _, result, _, _ in items:  # not written: the lease rescue takes them
+                    self._settle(result.job, None, False)
+        close_quietly()
+
+    def _write(self, items: list[tuple[str, RunResult, bool, DatabaseClock]]) -> None:
+        """Write the outcomes, then free their slots."""
+        by_token: dict[str, list[RunResult]] = {}
+        for token, result, _, _ in items:
+            by_token.setdefault(token, []).append(result)
+        for token, results in by_token.items():
+            self._record(token, results, items[-1][3])
+        for _, result, probe, _ in items:
+            self._settle(result.job, result, probe)
+
+    def _settle(self, job: Job, result: RunResult | None, probe: bool) -> None:
+        """The row is out of hand: its slot is free (and an answered probe resumes its
+        target)."""
+        if probe and result is not None and not result.outcome.pause_target:
+            self.pauses.probe_answered(job.target)
+        with self._lock:
+            self._in_hand.pop(job.id, None)  # type: ignore[arg-type]
+        self.on_row_done()
+
+    def _record(self, token: str, results: list[RunResult], clock: Callable[[], datetime]
+                ) -> None:
+        """Write the rows' outcomes, again and again on a fresh connection while the
+        database is unreachable: the handler ran, and what it did must not be lost. The row
+        stays in hand meanwhile, so the heartbeat renews its lease once the database is
+        back; a rescue that presumed it DEAD is overwritten (``store.Guard``). Gives up
+        only when the worker is stopping and the lease has surely run out."""
+        stop_by = self._monotonic() + self.settings.LONG_LEASE_S
+        failures = 0
+        while True:
+            try:
+                record(store.Guard(Lane.LONG, token), results, clock(), self.settings)
+            except Exception as exc:
+                if not is_database_fault(exc):
+                    raise
+                self.outages.failed(exc, "long-lane outcome")
+                failures += 1
+                if self.should_stop() and self._monotonic() > stop_by:
+                    logger.error("long lane gave up writing the outcomes of jobs %s while "
+                                 "stopping: the database is still unreachable",
+                                 ", ".join(f"{r.job.id} ({r.outcome.kind.value})"
+                                           for r in results))
+                    return
+                self._sleep(backoff_s(failures))
+                continue
+            self.outages.succeeded()
+            return
+
+    def renew(self, now: datetime | None = None) -> int:
+        """Heartbeat: extend the leases of rows in hand; returns how many were renewed."""
+        with self._lock:
+            tokens = sorted(set(self._in_hand.values()))
+        if not tokens:
+            return 0
+        renewed = store.jobs_long_renew(tokens, now or store.db_now(), self.settings.LONG_LEASE_S)
+        lost = set(tokens) - renewed
+        if lost:
+            logger.warning("long lane could not renew %s claim(s); their outcomes will be refused",
+                           len(lost))
+        return len(renewed)
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Finish the rows in hand (their leases keep being renewed by the heartbeat)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=wait)
+        if self._writer is not None:
+            self._outcomes.put(None)
+            if wait:
+                self._writer.join()

@@ -1,0 +1,323 @@
+"""Tables of the engine: jobs, completed jobs, partition leases, worker liveness, shared
+pause state, per-key version counters, hourly run statistics and the operators' audit
+trail.
+
+The indexes are named after the query they serve; ``store/`` holds those queries.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from jobs_engine.states import DeliveryMode, FlowState, JobStatus, Lane, StepRole, StepState
+
+# The engine's permission: operators who hold it see and act on jobs and schedules.
+MANAGE_PERMISSION = "jobs_engine.manage_jobs"
+VIEW_FLOWS_PERMISSION = "jobs_engine.view_flow"  # Django's own view permission of ``Flow``
+MANAGE_FLOWS_PERMISSION = "jobs_engine.manage_flows"
+
+PENDING = Q(status=JobStatus.PENDING)
+TRIES_HELP = ("Long lane: one entry per try that ended: the worker, its start and end, and "
+              "the exception's class and traceback when it raised.")
+RUNNING = Q(status=JobStatus.RUNNING)
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    code = models.CharField(max_length=200, help_text="Business name; defaults to the target.")
+    target = models.CharField(max_length=200)
+    lane = models.CharField(max_length=8, choices=Lane.choices)
+    key = models.CharField(max_length=255, null=True, blank=True, help_text="Ordering key.")
+    partition = models.SmallIntegerField()
+    version = models.BigIntegerField(default=0, help_text="Order inside a key.")
+    payload = models.JSONField(null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    dedupe_key = models.CharField(max_length=255)  # unique: see Meta.constraints
+    status = models.CharField(max_length=8, choices=JobStatus.choices, default=JobStatus.PENDING)
+    delivery_mode = models.CharField(max_length=16, choices=DeliveryMode.choices,
+                                     default=DeliveryMode.AT_MOST_ONCE)
+    attempts = models.IntegerField(default=0, help_text="Tries made so far.")
+    next_run_at = models.DateTimeField()
+    last_error = models.TextField(blank=True, default="")
+    # Long lane claim: every write by the holder is guarded on its token (fencing).
+    claimed_by = models.CharField(max_length=200, null=True, blank=True)
+    claim_token = models.CharField(max_length=32, null=True, blank=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    running_code = models.CharField(max_length=200, null=True, blank=True)
+    # Fast lane: the in-flight token under which this row's outcome was written.
+    outcome_token = models.CharField(max_length=32, null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    actor = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Long lane: among due jobs a higher priority runs first. Database-side defaults: a
+    # worker of the previous release, still running during a rolling upgrade, inserts
+    # rows without these columns.
+    priority = models.SmallIntegerField(default=0, db_default=0,
+                                        help_text="Long lane: -100..100, higher runs first.")
+    tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
+
+    class Meta:
+        indexes = [
+            # Long lane reserve: due rows in run order, the highest priority first. Long
+            # lane only, so a fast-lane poll can only read its own target's index, never
+            # walk other targets' rows.
+            models.Index(fields=["-priority", "next_run_at", "id"],
+                         condition=PENDING & Q(lane=Lane.LONG), name="jobs_long_pending_due"),
+            # Fast lane poll: due rows of one target in run order.
+            models.Index(fields=["target", "next_run_at", "id"],
+                         condition=PENDING & Q(lane=Lane.FAST), name="jobs_fast_pending_due"),
+            # Fast lane key hold: is there an earlier PENDING row of this key?
+            models.Index(fields=["partition", "target", "key", "version", "id"],
+                         condition=PENDING & Q(key__isnull=False), name="jobs_pending_key_order"),
+            # Long lane reclaim of expired leases.
+            models.Index(fields=["lease_until"], condition=RUNNING, name="jobs_running_lease"),
+            models.Index(fields=["status", "closed_at"], name="jobs_status_closed"),
+            # Retention: the newest DEAD rows of a target are kept (keep_failed).
+            models.Index(fields=["target", "closed_at", "id"], condition=Q(status="DEAD"),
+                         name="jobs_dead_by_target"),
+            # Admin and API: exact search and filter by key.
+            models.Index(fields=["key"], condition=Q(key__isnull=False), name="jobs_key"),
+        ]
+        constraints = [
+            # The enqueue's ON CONFLICT target. A constraint, not ``unique=True``: for that,
+            # Django adds a second, varchar_pattern_ops index no query uses, which every
+            # insert and every status change would write.
+            models.UniqueConstraint(fields=["dedupe_key"], name="jobs_one_per_dedupe_key"),
+            # At most one RUNNING row per exclusive code, across every worker.
+            models.UniqueConstraint(fields=["running_code"],
+                                    condition=RUNNING & Q(running_code__isnull=False),
+                                    name="jobs_one_running_per_code"),
+        ]
+        permissions = [("manage_jobs", "Can manage jobs and schedules")]
+
+    def __str__(self) -> str:
+        return f"{self.target} #{self.id} ({self.status})"
+
+
+class CompletedJob(models.Model):
+    """A job that completed, kept with its result because its target's policy keeps
+    completed jobs (``keep_completed``): status DONE. Apart from the hot ``Job`` table, so
+    thousands of kept rows never weigh on a lane's statements, and a completion is one
+    move (delete there, append here) rather than an update of every index of the hot
+    table. The id is the job's own."""
+
+    id = models.BigIntegerField(primary_key=True)
+    target = models.CharField(max_length=200)
+    lane = models.CharField(max_length=8, choices=Lane.choices)
+    code = models.CharField(max_length=200)
+    key = models.CharField(max_length=255, null=True, blank=True)
+    version = models.BigIntegerField(default=0)
+    partition = models.SmallIntegerField(default=0)
+    dedupe_key = models.CharField(max_length=255)
+    delivery_mode = models.CharField(max_length=16, choices=DeliveryMode.choices)
+    payload = models.JSONField(null=True, blank=True)
+    headers = models.JSONField(default=dict, blank=True)
+    result = models.JSONField(null=True, blank=True, help_text="What the handler returned.")
+    attempts = models.IntegerField(default=1, help_text="Tries made, this one included.")
+    trace_id = models.CharField(max_length=64, blank=True, default="")
+    actor = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField()
+    duration_ms = models.FloatField(default=0.0)
+    tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
+
+    class Meta:
+        db_table = "jobs_engine_done"
+        indexes = [
+            # Retention: the newest keep_completed of a target stay (also the admin filter).
+            models.Index(fields=["target", "finished_at", "id"], name="jobs_done_by_target"),
+        ]
+
+    @property
+    def status(self) -> str:
+        return JobStatus.DONE.value
+
+    def __str__(self) -> str:
+        return f"{self.target} #{self.id} (DONE)"
+
+
+class Flow(models.Model):
+    """Several jobs run as one unit (``jobs_engine.flows``): a chain of steps, or a batch of
+    jobs and a callback with all their results. Written with every step in the caller's
+    transaction; kept ``FLOW_RETENTION_DAYS`` after it finished."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=200)
+    kind = models.CharField(max_length=8, choices=[("chain", "Chain"), ("batch", "Batch")])
+    state = models.CharField(max_length=10, choices=FlowState.choices,
+                             default=FlowState.RUNNING)
+    definition = models.CharField(max_length=200, blank=True, default="",
+                                  help_text="The defined flow it was started from, if any.")
+    tenant_id = models.CharField(max_length=200, null=True, blank=True)
+    steps_total = models.IntegerField()
+    steps_done = models.IntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_engine_flow"
+        verbose_name = "job flow"
+        indexes = [
+            models.Index(fields=["tenant_id", "state", "id"], name="jobs_flow_by_tenant"),
+            # Retention: finished flows older than FLOW_RETENTION_DAYS.
+            models.Index(fields=["finished_at"], condition=Q(finished_at__isnull=False),
+                         name="jobs_flow_finished"),
+        ]
+        permissions = [("manage_flows", "Can start, retry and cancel job flows")]
+
+    def __str__(self) -> str:
+        return f"{self.name} #{self.id} ({self.state})"
+
+
+class FlowStep(models.Model):
+    """One step of a flow: its place, the target that runs it, its data, and once run its
+    result or error. ``job_id`` is the job that runs it now (a retry makes a new one)."""
+
+    id = models.BigAutoField(primary_key=True)
+    flow = models.ForeignKey(Flow, on_delete=models.CASCADE, related_name="steps")
+    position = models.IntegerField(help_text="Order in the chain, or in the batch's results.")
+    role = models.CharField(max_length=8, choices=StepRole.choices)
+    name = models.CharField(max_length=200)
+    target = models.CharField(max_length=200)
+    data = models.JSONField(null=True, blank=True)
+    state = models.CharField(max_length=10, choices=StepState.choices,
+                             default=StepState.WAITING)
+    job_id = models.BigIntegerField(null=True, blank=True)
+    result = models.JSONField(null=True, blank=True)
+    attempts = models.IntegerField(default=0, help_text="Tries made, over every retry.")
+    last_error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs_engine_flowstep"
+        constraints = [models.UniqueConstraint(fields=["flow", "position"],
+                                               name="jobs_flowstep_place")]
+        indexes = [models.Index(fields=["job_id"], condition=Q(job_id__isnull=False),
+                                name="jobs_flowstep_by_job")]
+
+    def __str__(self) -> str:
+        return f"{self.name} (step {self.position} of flow {self.flow_id})"
+
+
+class RegisteredTarget(models.Model):
+    """No table: the admin lists the targets registered in the serving process, with their
+    lane, delivery mode and policy, from the registry (``operators.admin``)."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+
+    class Meta:
+        managed = False
+        db_table = "jobs_engine_registered_target"  # never created, never queried
+        verbose_name = "target"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Partition(models.Model):
+    """A fast-lane partition lease: one owner at a time, renewed by heartbeat."""
+
+    partition = models.SmallIntegerField(primary_key=True)
+    owner = models.CharField(max_length=200, null=True, blank=True, db_index=True)
+    lease_until = models.DateTimeField(null=True, blank=True)
+    inflight_ids = models.JSONField(default=list, blank=True)
+    inflight_token = models.CharField(max_length=32, null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"partition {self.partition}"
+
+
+class Worker(models.Model):
+    """A live worker process; live while ``heartbeat_at`` is within the partition lease."""
+
+    worker_id = models.CharField(max_length=200, primary_key=True)
+    heartbeat_at = models.DateTimeField(db_index=True)
+    started_at = models.DateTimeField()
+    hostname = models.CharField(max_length=200, blank=True, default="")
+    pid = models.IntegerField(default=0)
+    lanes = models.CharField(max_length=50, blank=True, default="")
+    # Database outages this process rode out (written at its first beat after each one).
+    # Database-side defaults: a worker of the previous release, still running during a
+    # rolling upgrade, inserts its row without these columns.
+    db_outages = models.IntegerField(default=0, db_default=0)
+    last_db_outage_at = models.DateTimeField(null=True, blank=True)
+    last_db_outage_s = models.FloatField(default=0.0, db_default=0.0)
+    last_db_error = models.TextField(blank=True, default="", db_default="")
+
+    def __str__(self) -> str:
+        return self.worker_id
+
+
+class TargetPause(models.Model):
+    """A paused target, shared by every worker so one probe goes out per ``PROBE_S``."""
+
+    target = models.CharField(max_length=200, primary_key=True)
+    paused_until = models.DateTimeField()
+    reason = models.TextField(blank=True, default="")
+    paused_at = models.DateTimeField()
+    probe_by = models.CharField(max_length=200, null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.target} paused until {self.paused_until}"
+
+
+class VersionCounter(models.Model):
+    """Backs ``next_version(key)``: an atomic per-key counter."""
+
+    key = models.CharField(max_length=255, primary_key=True)
+    value = models.BigIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+class JobStat(models.Model):
+    """Runs per hour, target and outcome (ok, retried, paused, dead): written by the
+    outcome path in one upsert per batch of outcomes, read by the admin chart and
+    ``/metrics``."""
+
+    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
+    target = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=16)
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target; its index also serves "the last 48 hours".
+            models.UniqueConstraint(fields=["hour", "target", "outcome"], name="job_stats_bucket"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}={self.count}"
+
+
+class AuditRecord(models.Model):
+    """One operator action (retry, skip, cancel, resume, schedule changes): who, when,
+    what, on which row, and whether it was done or refused."""
+
+    class Result(models.TextChoices):
+        OK = "ok", "Done"
+        REFUSED = "refused", "Refused"
+
+    at = models.DateTimeField(db_index=True)
+    user_id = models.BigIntegerField(null=True, blank=True)
+    username = models.CharField(max_length=150, blank=True, default="")
+    action = models.CharField(max_length=32)
+    object_type = models.CharField(max_length=32)
+    object_id = models.CharField(max_length=255)
+    result = models.CharField(max_length=8, choices=Result.choices)
+    message = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '-'} {self.action} " \
+               f"{self.object_type} {self.object_id}: {self.result}"

@@ -1,0 +1,169 @@
+"""The in-memory registry of targets: name → lane, handler and delivery rules.
+
+Targets are registered from an app's ``ready()``; the engine imports no business app,
+business apps register their targets here.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from jobs_engine.errors import DuplicateTarget, InvalidJob, InvalidPolicy, UnknownTarget
+from jobs_engine.job import Job
+from jobs_engine.policies import DEFAULT_POLICY, JobPolicy
+from jobs_engine.states import DeliveryMode, Lane
+
+MAX_TARGET_NAME_LENGTH = 200
+# Targets named so run the queues of Django's Tasks API (``jobs_engine.tasks``), one each.
+TASK_TARGET_PREFIX = "tasks:"
+
+
+# A handler returns nothing, or a JSON-serialisable result kept with the completed job.
+Handler = Callable[[Job], Any]
+# A batch handler takes the whole send and returns, per job and in order, the exception
+# the per-row handler would have raised, or its result (None for none).
+BatchHandler = Callable[[Sequence[Job]], Sequence[Any]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    name: str
+    handler: Handler
+    lane: Lane
+    delivery_mode: DeliveryMode = DeliveryMode.AT_MOST_ONCE
+    lossy: bool = False
+    exclusive: bool = False
+    policy: JobPolicy = DEFAULT_POLICY  # tries, backoff, and how many jobs are kept
+    batch_handler: BatchHandler | None = None
+    # Fast lane: rows of this target read in one poll, and so handed in one send when
+    # sends take the whole poll (a batch handler, at-least-once). None: JOBS FAST_BATCH.
+    batch_size: int | None = None
+    # Deprecated: handlers of this target get ``job.payload`` as the stored JSON text. Every
+    # job now carries that text as ``job.payload_json`` and decodes ``payload`` only when
+    # read, so a forwarding handler reads ``payload_json`` instead.
+    payload_json: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
+
+
+_targets: dict[str, Target] = {}
+_lock = threading.Lock()
+
+
+def register_target(
+    name: str,
+    handler: Handler,
+    *,
+    lane: Lane | str,
+    delivery_mode: DeliveryMode | str = DeliveryMode.AT_MOST_ONCE,
+    lossy: bool = False,
+    exclusive: bool = False,
+    policy: JobPolicy | None = None,
+    max_attempts: int | None = None,
+    retry_delays: Sequence[float] | None = None,
+    batch_handler: BatchHandler | None = None,
+    batch_size: int | None = None,
+    payload_json: bool = False,
+) -> Target:
+    """Register a target; every check runs before the registry changes.
+
+    ``policy`` (a ``JobPolicy``; ``DEFAULT_POLICY`` when omitted) is the one way to set a
+    target's retries and how many of its jobs are kept. ``max_attempts`` and
+    ``retry_delays`` are deprecated: they build a policy (``attempts``, and ``backoff_s``
+    from the first delay, doubled from there) and warn.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidJob("name", "must be a non-empty string")
+    if len(name) > MAX_TARGET_NAME_LENGTH:
+        raise InvalidJob("name", f"longer than {MAX_TARGET_NAME_LENGTH} characters")
+    if not callable(handler):
+        raise InvalidJob("handler", f"must be callable, got {type(handler).__name__}")
+    if batch_handler is not None and not callable(batch_handler):
+        raise InvalidJob("batch_handler", f"must be callable, got {type(batch_handler).__name__}")
+    try:
+        lane = Lane(lane)
+    except ValueError:
+        choices = [v.value for v in Lane]
+        raise InvalidJob("lane", f"must be one of {choices}, got {lane!r}") from None
+    try:
+        delivery_mode = DeliveryMode(delivery_mode)
+    except ValueError:
+        choices = [v.value for v in DeliveryMode]
+        raise InvalidJob("delivery_mode",
+                         f"must be one of {choices}, got {delivery_mode!r}") from None
+    if batch_size is not None and (isinstance(batch_size, bool)
+                                   or not isinstance(batch_size, int) or batch_size < 1):
+        raise InvalidJob("batch_size", f"must be an integer >= 1, got {batch_size!r}")
+    for flag, value in (("lossy", lossy), ("exclusive", exclusive),
+                        ("payload_json", payload_json)):
+        if not isinstance(value, bool):  # "no" or 0 would pass a truth test the wrong way
+            raise InvalidJob(flag, f"must be True or False, got {value!r}")
+    if payload_json:
+        warnings.warn("register_target(payload_json=True) is deprecated: every job carries "
+                      "its stored JSON text as job.payload_json (job.payload is decoded only "
+                      "when read); read that instead", DeprecationWarning, stacklevel=2)
+    policy = _policy(policy, max_attempts, retry_delays)
+    target = Target(
+        name=name, handler=handler, lane=lane, delivery_mode=delivery_mode, lossy=lossy,
+        exclusive=exclusive, policy=policy, batch_handler=batch_handler,
+        batch_size=batch_size, payload_json=payload_json,
+    )
+    with _lock:
+        if name in _targets:
+            raise DuplicateTarget(name)
+        _targets[name] = target
+    return target
+
+
+def _policy(policy: JobPolicy | None, max_attempts: int | None,
+            retry_delays: Sequence[float] | None) -> JobPolicy:
+    """The target's policy; the deprecated ``max_attempts``/``retry_delays`` build one."""
+    if policy is not None and not isinstance(policy, JobPolicy):
+        raise InvalidPolicy("policy", f"must be a JobPolicy, got {type(policy).__name__}")
+    if max_attempts is None and retry_delays is None:
+        return policy or DEFAULT_POLICY
+    if policy is not None:
+        raise InvalidPolicy("policy", "give a policy, or the deprecated max_attempts / "
+                                      "retry_delays, not both")
+    warnings.warn("register_target(max_attempts=..., retry_delays=...) is deprecated: give "
+                  "policy=JobPolicy(attempts=..., backoff_s=...)", DeprecationWarning,
+                  stacklevel=3)
+    delays = list(retry_delays) if retry_delays is not None else []
+    if retry_delays is not None and (not delays or any(
+            isinstance(d, bool) or not isinstance(d, int | float) or d < 0 for d in delays)):
+        raise InvalidJob("retry_delays",
+                         f"must be a non-empty list of seconds >= 0, got {retry_delays!r}")
+    try:
+        return replace(DEFAULT_POLICY,
+                       attempts=DEFAULT_POLICY.attempts if max_attempts is None else max_attempts,
+                       backoff_s=delays[0] if delays else DEFAULT_POLICY.backoff_s)
+    except InvalidPolicy as exc:  # named after the argument the caller gave
+        field = "max_attempts" if exc.field == "attempts" else "retry_delays"
+        raise InvalidJob(field, exc.problem) from None
+
+
+def get_target(name: str) -> Target:
+    try:
+        return _targets[name]
+    except (KeyError, TypeError):
+        raise UnknownTarget(name) from None
+
+
+def policy_for(name: str) -> JobPolicy:
+    """The policy of the target ``name``; ``DEFAULT_POLICY`` for a target not registered in
+    this process (another release's, or one a deploy removed)."""
+    target = _targets.get(name)
+    return target.policy if target is not None else DEFAULT_POLICY
+
+
+def all_targets() -> list[Target]:
+    return list(_targets.values())
+
+
+def unregister_target(name: str) -> None:
+    """Drop a target (tests and re-declaration); unknown names are ignored."""
+    with _lock:
+        _targets.pop(name, None)

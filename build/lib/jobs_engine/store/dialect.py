@@ -1,0 +1,210 @@
+"""What PostgreSQL and SQLite do differently, and nothing else.
+
+The queue's statements are written once, in ``queue.py`` and ``operators.py``; the pieces
+in which the two databases differ (array parameters, jsonb casts, row locks, NOTIFY, JSON
+array tests, reading timestamps back, the clock) come from here. A third database (a
+MongoDB implementation of a hot query, say) starts by reading this file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from functools import cache
+from typing import Any
+
+from django.db import connection, connections
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+# Lists from this length on go to PostgreSQL as one array parameter: the statement's text
+# stays the same whatever the length, so the driver does not parse a new text at every
+# call (it caches only statements of up to 50 parameters). Shorter lists are inlined,
+# which plans faster for the one-row statements of per-row sends.
+ARRAY_FROM = 16
+
+
+def conn(using: str | None = None) -> Any:
+    return connection if using is None else connections[using]
+
+
+def is_postgres(using: str | None = None) -> bool:
+    return conn(using).vendor == "postgresql"
+
+
+# -- running statements ----------------------------------------------------------------
+
+
+@cache
+def _timestamptz_loader() -> type:
+    # psycopg is imported only on PostgreSQL: a SQLite-only project need not install it.
+    from psycopg.types.datetime import TimestamptzLoader
+
+    return TimestamptzLoader
+
+
+def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None
+          ) -> list[tuple[Any, ...]]:
+    db = conn(using)
+    with db.cursor() as cursor:
+        if db.vendor == "postgresql":
+            # The driver's own timestamptz loader: Django's wrapper re-sets the time zone of
+            # every value in Python, a third of the fast lane's row decoding. The driver's
+            # values are aware, in the session time zone Django sets: the same instants.
+            cursor.cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def execute(sql: str, params: Sequence[Any] = (), using: str | None = None) -> int:
+    with conn(using).cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount
+
+
+def db_now() -> datetime:
+    """The database's clock: every lease and liveness decision is made on it (SQLite, one
+    process on one machine, has the process's)."""
+    if is_postgres():
+        return fetch("SELECT clock_timestamp()")[0][0]
+    return timezone.now()
+
+
+def clock_sql(now: datetime, using: str | None = None) -> tuple[str, list[Any]]:
+    """SQL for "now" in a statement: PostgreSQL's own clock (the database's clock wins);
+    on SQLite the caller's ``now``, in the stored text form."""
+    if is_postgres(using):
+        return "now()", []
+    return "%s", [dt(now, using)]
+
+
+# -- values in and out ------------------------------------------------------------------
+
+
+def dt(value: datetime | None, using: str | None = None) -> Any:
+    """A datetime parameter in the form the backend stores (SQLite keeps naive UTC text)."""
+    return conn(using).ops.adapt_datetimefield_value(value)
+
+
+def read_dt(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    # SQLite's raw cursor gives naive UTC datetimes (or text); make them aware.
+    parsed = value if isinstance(value, datetime) else parse_datetime(value)
+    if parsed is not None and parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed
+
+
+def read_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def json_param(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def jsonb(expression: str = "%s", using: str | None = None) -> str:
+    """A JSON value for a jsonb column (PostgreSQL needs the cast; SQLite stores text)."""
+    return f"{expression}::jsonb" if is_postgres(using) else expression
+
+
+def greatest(first: str, second: str) -> str:
+    """The later of two values (SQLite's two-argument ``max`` is PostgreSQL's GREATEST)."""
+    return f"GREATEST({first}, {second})" if is_postgres() else f"MAX({first}, {second})"
+
+
+# -- lists and tables of parameters -----------------------------------------------------
+
+
+def _array(values: Sequence[Any]) -> Any:
+    """An array parameter. Integers go as one array literal, which PostgreSQL reads far
+    faster than the driver dumps a list element by element (the fast lane's id lists)."""
+    if all(type(value) is int for value in values):
+        return "{" + ",".join(map(str, values)) + "}"
+    return list(values)
+
+
+def in_(column: str, values: Sequence[Any], using: str | None = None) -> tuple[str, list[Any]]:
+    """``column`` is one of ``values``; valid SQL for an empty list too."""
+    if not values:
+        return "1 = 0", []
+    if len(values) >= ARRAY_FROM and is_postgres(using):
+        return f"{column} = ANY(%s)", [_array(values)]
+    return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
+
+
+def values_(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
+    """``VALUES (%s, ...), ...`` of equal-length tuples, with their parameters."""
+    row = f"({', '.join(['%s'] * len(rows[0]))})"
+    return f"VALUES {', '.join([row] * len(rows))}", [value for r in rows for value in r]
+
+
+def table(rows: Sequence[Sequence[Any]], types: Sequence[str], *, using: str | None = None,
+          arrays_from: int = ARRAY_FROM) -> tuple[str, list[Any]]:
+    """A table of equal-length tuples (``types`` are their PostgreSQL column types), for
+    ``FROM (...)``, ``IN (...)`` or a CTE: ``VALUES``, or on PostgreSQL from ``arrays_from``
+    rows ``unnest`` of one array per column."""
+    if len(rows) >= arrays_from and is_postgres(using):
+        arrays = ", ".join(f"%s::{kind}[]" for kind in types)
+        return f"SELECT * FROM unnest({arrays})", [_array(column)
+                                                   for column in zip(*rows, strict=True)]
+    return values_(rows)
+
+
+# -- locks, notifications, JSON arrays --------------------------------------------------
+
+
+def skip_locked() -> str:
+    """Row locks that let concurrent workers pass each other (SQLite has one writer)."""
+    return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
+
+
+def notify_after_insert(insert_cte: str, channel: str) -> str:
+    """``insert_cte``, an ``INSERT ... RETURNING id, dedupe_key, lane``, plus one NOTIFY per
+    lane it inserted into, delivered when the caller's transaction commits (PostgreSQL;
+    SQLite workers poll)."""
+    if not is_postgres():
+        return insert_cte
+    return (f"WITH inserted AS ({insert_cte}), notified AS (SELECT pg_notify('{channel}', lane) "
+            "FROM (SELECT DISTINCT lane FROM inserted) AS lanes) "
+            "SELECT id, dedupe_key, (SELECT COUNT(*) FROM notified) FROM inserted")
+
+
+def json_array_has(array_column: str, value_column: str) -> str:
+    """SQL true when the JSON array in ``array_column`` holds ``value_column``."""
+    if is_postgres():
+        return f"{array_column} @> to_jsonb({value_column})"
+    return f"EXISTS (SELECT 1 FROM json_each({array_column}) e WHERE e.value = {value_column})"
+
+
+def json_append(array_sql: str, item_sql: str) -> str:
+    """The JSON array ``array_sql`` (NULL for an empty one) with the JSON object
+    ``item_sql`` appended."""
+    if is_postgres():
+        return f"COALESCE({array_sql}, '[]'::jsonb) || ({item_sql})::jsonb"
+    return f"json_insert(COALESCE({array_sql}, '[]'), '$[#]', json({item_sql}))"
+
+
+def json_object(pairs: Sequence[tuple[str, str]]) -> str:
+    """A JSON object built in SQL from (key, SQL expression) pairs."""
+    function = "jsonb_build_object" if is_postgres() else "json_object"
+    arguments = ", ".join(f"'{key}', {value}" for key, value in pairs)
+    return f"{function}({arguments})"
+
+
+def writable_ctes() -> bool:
+    """Whether one statement may read and update (PostgreSQL's data-modifying WITH)."""
+    return is_postgres()
+
+
+def table_row_estimate(table_name: str) -> int | None:
+    """PostgreSQL's planner estimate of a table's rows (no scan); None elsewhere or when
+    the table was never analysed."""
+    if not is_postgres():
+        return None
+    rows = fetch("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table_name])
+    if not rows or rows[0][0] is None or rows[0][0] < 0:
+        return None
+    return int(rows[0][0])

@@ -1,0 +1,240 @@
+"""Who may act: worker liveness, partition leases, in-flight marks and their takeover, and
+the pause state of targets shared by every worker.
+
+Ownership is decided by conditional statements on the database's clock: of two workers
+racing for a partition or a probe, one statement matches and the other matches nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from jobs_engine.states import DeliveryMode
+from jobs_engine.store.dialect import (
+    dt,
+    execute,
+    fetch,
+    in_,
+    jsonb,
+    read_dt,
+    read_json,
+    values_,
+)
+from jobs_engine.store.queue import (
+    JOBS,
+    PARTITIONS,
+    PAUSES,
+    TAKEOVER_PRESUMED_DEAD,
+    TAKEOVER_REASON,
+    WORKERS,
+    ClosedJob,
+    cut_error,
+)
+
+# -- workers and partition leases --------------------------------------------------------
+
+
+__all__ = [
+    "OutageRecord",
+    "PauseRow",
+    "TakenPartition",
+    "inflight_close_after_takeover",
+    "partition_owner_counts",
+    "partition_take_free",
+    "partitions_release",
+    "partitions_release_owned",
+    "partitions_renew_if_owner",
+    "partitions_seed",
+    "pause_claim_probe",
+    "pause_clear",
+    "pause_set",
+    "pauses_all",
+    "worker_beat",
+    "worker_delete",
+    "workers_live",
+]
+
+def partitions_seed(count: int) -> int:
+    """Create partition rows 0..count-1 that are missing; safe for many workers at once."""
+    rows, params = values_([(number, "[]") for number in range(count)])
+    return execute(f"INSERT INTO {PARTITIONS} (partition, inflight_ids) {rows} "
+                   "ON CONFLICT (partition) DO NOTHING", params)
+
+
+@dataclass(frozen=True)
+class OutageRecord:
+    """What the worker row shows: how many outages this process lived through, when the
+    last one started, how long it lasted and what the database said."""
+
+    count: int = 0
+    last_at: datetime | None = None
+    last_s: float = 0.0
+    last_error: str = ""
+
+
+def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str,
+                outages: OutageRecord | None = None) -> None:
+    """Insert or refresh this worker's liveness row, with the database outages it lived
+    through."""
+    outages = outages or OutageRecord()
+    execute(
+        f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes, "
+        "db_outages, last_db_outage_at, last_db_outage_s, last_db_error) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
+        "DO UPDATE SET heartbeat_at = excluded.heartbeat_at, db_outages = excluded.db_outages, "
+        "last_db_outage_at = excluded.last_db_outage_at, "
+        "last_db_outage_s = excluded.last_db_outage_s, last_db_error = excluded.last_db_error",
+        [worker_id, dt(now), dt(now), hostname, pid, lanes, outages.count,
+         dt(outages.last_at), outages.last_s, cut_error(outages.last_error)],
+    )
+
+
+def worker_delete(worker_id: str) -> None:
+    execute(f"DELETE FROM {WORKERS} WHERE worker_id = %s", [worker_id])
+
+
+def workers_live(now: datetime, within_s: float) -> list[str]:
+    """Worker ids whose heartbeat is newer than ``within_s`` seconds."""
+    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s ORDER BY worker_id",
+                 [dt(now - timedelta(seconds=within_s))])
+    return [row[0] for row in rows]
+
+
+def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list[int]:
+    """Extend every lease ``owner`` still holds; a lease already expired is not renewed
+    (another worker may have taken it). Returns the partitions still held."""
+    rows = fetch(
+        f"UPDATE {PARTITIONS} SET lease_until = %s WHERE owner = %s AND lease_until > %s "
+        "RETURNING partition",
+        [dt(now + timedelta(seconds=lease_s)), owner, dt(now)],
+    )
+    return sorted(row[0] for row in rows)
+
+
+def partition_owner_counts(now: datetime) -> dict[str, int]:
+    rows = fetch(
+        f"SELECT owner, COUNT(*) FROM {PARTITIONS} WHERE owner IS NOT NULL AND lease_until > %s "
+        "GROUP BY owner", [dt(now)],
+    )
+    return {owner: count for owner, count in rows}
+
+
+@dataclass(frozen=True)
+class TakenPartition:
+    partition: int
+    inflight_ids: list[int]
+    inflight_token: str | None
+
+
+def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenPartition | None:
+    """Take one partition that has no owner or an expired lease.
+
+    One conditional UPDATE per take: the guard repeats the "free" test, so two workers
+    racing for a partition cannot both win. Returns the previous in-flight mark so the
+    new owner can judge it.
+    """
+    free = fetch(
+        f"SELECT partition FROM {PARTITIONS} WHERE owner IS NULL OR lease_until IS NULL "
+        "OR lease_until <= %s ORDER BY partition LIMIT 8", [dt(now)],
+    )
+    for (number,) in free:
+        rows = fetch(
+            f"UPDATE {PARTITIONS} SET owner = %s, lease_until = %s WHERE partition = %s "
+            "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %s) "
+            "RETURNING partition, inflight_ids, inflight_token",
+            [owner, dt(now + timedelta(seconds=lease_s)), number, dt(now)],
+        )
+        if rows:
+            number, ids, token = rows[0]
+            return TakenPartition(number, [int(i) for i in read_json(ids) or []], token)
+    return None
+
+
+def partitions_release(owner: str, partitions: Sequence[int]) -> int:
+    """Give partitions back (only while ``owner`` still holds them)."""
+    clause, params = in_("partition", partitions)
+    return execute(
+        f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s AND {clause}",
+        [owner, *params],
+    )
+
+
+def partitions_release_owned(owner: str) -> int:
+    return execute(f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s",
+                   [owner])
+
+
+# -- takeover of a partition's in-flight mark -----------------------------------------------
+
+
+def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[ClosedJob]:
+    """Judge the rows the previous owner had in flight.
+
+    A row whose outcome was written under that token is left alone. At-most-once rows
+    go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent again.
+    The DEAD rows keep the previous holder's token (``Guard``): if that worker is alive
+    after all (a database outage, a stall), its outcome write still lands.
+    """
+    closed: list[ClosedJob] = []
+    if taken.inflight_ids:
+        clause, params = in_("id", taken.inflight_ids)
+        rows = fetch(
+            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
+            f"claim_token = %s WHERE {clause} AND status = %s AND delivery_mode = %s "
+            "AND (outcome_token IS NULL OR outcome_token <> %s) "
+            "RETURNING id, target, code, dedupe_key",
+            [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now),
+             taken.inflight_token, *params, *TAKEOVER_PRESUMED_DEAD.source_values,
+             DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
+        )
+        closed = [ClosedJob(r[0], r[1], r[2], r[3], TAKEOVER_REASON) for r in rows]
+    if taken.inflight_token:
+        execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
+                "WHERE partition = %s AND inflight_token = %s",
+                ["[]", taken.partition, taken.inflight_token])
+    return closed
+
+
+# -- shared pause state -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PauseRow:
+    target: str
+    paused_until: datetime
+    reason: str
+
+
+def pauses_all() -> list[PauseRow]:
+    return [PauseRow(t, read_dt(u), r) for t, u, r in  # type: ignore[arg-type]
+            fetch(f"SELECT target, paused_until, reason FROM {PAUSES}")]
+
+
+def pause_set(target: str, now: datetime, probe_s: float, reason: str) -> None:
+    """Pause ``target`` until ``now + probe_s`` (insert or extend)."""
+    until = dt(now + timedelta(seconds=probe_s))
+    execute(
+        f"INSERT INTO {PAUSES} (target, paused_until, reason, paused_at, probe_by) "
+        "VALUES (%s, %s, %s, %s, NULL) ON CONFLICT (target) DO UPDATE SET "
+        "paused_until = excluded.paused_until, reason = excluded.reason, probe_by = NULL",
+        [target, until, cut_error(reason), dt(now)],
+    )
+
+
+def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) -> bool:
+    """Win the right to send one probe row of a paused target whose pause ran out.
+
+    The guard on the old ``paused_until`` makes the probe cluster-wide: one worker wins
+    per ``PROBE_S``, the rest keep skipping the target.
+    """
+    return execute(
+        f"UPDATE {PAUSES} SET paused_until = %s, probe_by = %s "
+        "WHERE target = %s AND paused_until <= %s",
+        [dt(now + timedelta(seconds=probe_s)), owner, target, dt(now)],
+    ) == 1
+
+
+def pause_clear(target: str) -> int:
+    return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])

@@ -1,0 +1,352 @@
+"""The statements of the operator surfaces: guarded single-row actions, statistics,
+retention and the reads of ``/metrics`` and the admin.
+
+None of them runs on a lane's hot path. An action is one conditional statement whose
+guard is the state the action needs, so two operators racing on one row cannot both win.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from jobs_engine import states
+from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, Lane
+from jobs_engine.store.dialect import (
+    dt,
+    execute,
+    fetch,
+    in_,
+    json_array_has,
+    read_dt,
+    skip_locked,
+)
+from jobs_engine.store.queue import (
+    DONE_JOBS,
+    FLOW_STEP_KEY_PREFIX,
+    FLOW_STEPS,
+    FLOWS,
+    JOB_STATS,
+    JOBS,
+    PARTITIONS,
+    WORKERS,
+    ClosedJob,
+)
+
+__all__ = [
+    "CANCEL",
+    "PRUNE",
+    "PRUNE_DONE",
+    "RETRY",
+    "SKIP",
+    "UNHANDLED",
+    "JobState",
+    "RemovedJob",
+    "dead_counts",
+    "dead_prune_beyond",
+    "dead_targets",
+    "done_counts",
+    "done_prune_beyond",
+    "done_targets",
+    "flows_delete",
+    "flows_finished_before",
+    "job_delete_if_dead",
+    "job_delete_if_not_started",
+    "job_info_row",
+    "job_retry_if_dead",
+    "job_state",
+    "job_stats_since",
+    "job_stats_totals",
+    "jobs_close_unhandled",
+    "jobs_count",
+    "jobs_delete_dead_closed_before",
+    "jobs_pending_by_lane",
+    "jobs_release_key_held_by",
+    "pending_targets",
+    "workers_outages",
+]
+
+RETRY = states.transition(DEAD, to=PENDING)
+SKIP = states.transition(DEAD, to=DELETED)
+CANCEL = states.transition(PENDING, RUNNING, to=DELETED)
+PRUNE = states.transition(DEAD, to=DELETED)
+PRUNE_DONE = states.transition(DONE, to=DELETED)
+UNHANDLED = states.transition(PENDING, to=DEAD)
+
+
+@dataclass(frozen=True)
+class RemovedJob:
+    """A row an operator removed (skip, cancel), as it was just before."""
+
+    id: int
+    target: str
+    code: str
+    dedupe_key: str
+    attempts: int
+    status: str
+    lane: str
+    partition: int
+    key: str | None
+    version: int
+    next_run_at: datetime | None
+
+
+_REMOVED_COLUMNS = ("id, target, code, dedupe_key, attempts, status, lane, partition, key, "
+                    "version, next_run_at")
+
+
+def _removed(row: Sequence[Any]) -> RemovedJob:
+    return RemovedJob(*row[:10], read_dt(row[10]))
+
+
+@dataclass(frozen=True)
+class JobState:
+    """What an operator action needs to explain a refusal."""
+
+    status: str
+    lane: str
+    started: bool
+    in_flight: bool
+
+
+def _in_flight() -> str:
+    """SQL true while the ``JOBS`` row being tested sits in its partition's in-flight mark."""
+    return (f"EXISTS (SELECT 1 FROM {PARTITIONS} p WHERE p.partition = {JOBS}.partition "
+            f"AND {json_array_has('p.inflight_ids', f'{JOBS}.id')})")
+
+
+def job_retry_if_dead(job_id: int, now: datetime) -> bool:
+    """DEAD → PENDING, due at ``now`` with attempts 0 and no claim; False when the row is
+    missing or not DEAD (e.g. a concurrent retry won). ``last_error`` stays as evidence;
+    ``outcome_token`` stays so a stale in-flight mark cannot close the retried row."""
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, attempts = 0, next_run_at = %s, closed_at = NULL, "
+        "claim_token = NULL, claimed_by = NULL, lease_until = NULL, started_at = NULL, "
+        "running_code = NULL, updated_at = %s WHERE id = %s AND status = %s",
+        [RETRY.target, dt(now), dt(now), job_id, *RETRY.source_values],
+    ) == 1
+
+
+def job_delete_if_dead(job_id: int) -> RemovedJob | None:
+    """Skip: delete a DEAD row; None when it is missing or not DEAD."""
+    rows = fetch(
+        f"DELETE FROM {JOBS} WHERE id = %s AND status = %s RETURNING {_REMOVED_COLUMNS}",
+        [job_id, *SKIP.source_values])
+    return _removed(rows[0]) if rows else None
+
+
+def job_delete_if_not_started(job_id: int) -> RemovedJob | None:
+    """Cancel: delete a PENDING row that is not in its partition's in-flight mark, or a
+    long-lane RUNNING row whose handler has not started; None otherwise.
+
+    The long lane marks a row started with a guarded write on the same row, so a cancel
+    and a start serialise on the row: one of them matches nothing.
+    """
+    assert CANCEL.sources == (PENDING, RUNNING)
+    rows = fetch(
+        f"DELETE FROM {JOBS} WHERE id = %s AND ((status = %s AND NOT {_in_flight()}) "
+        f"OR (status = %s AND lane = %s AND started_at IS NULL)) RETURNING {_REMOVED_COLUMNS}",
+        [job_id, PENDING.value, RUNNING.value, Lane.LONG.value],
+    )
+    return _removed(rows[0]) if rows else None
+
+
+def jobs_release_key_held_by(removed: RemovedJob, now: datetime) -> int:
+    """After a cancelled fast-lane key head: its later PENDING versions that were moved to
+    its retry time (``jobs_hold_key_until`` or enqueue behind it) become due now."""
+    if removed.lane != Lane.FAST.value or removed.key is None or removed.next_run_at is None \
+            or removed.next_run_at <= now:
+        return 0
+    return execute(
+        f"UPDATE {JOBS} SET next_run_at = %s WHERE status = %s AND partition = %s "
+        "AND target = %s AND key = %s AND (version > %s OR (version = %s AND id > %s)) "
+        "AND next_run_at = %s",
+        [dt(now), PENDING.value, removed.partition, removed.target, removed.key,
+         removed.version, removed.version, removed.id, dt(removed.next_run_at)],
+    )
+
+
+def job_state(job_id: int) -> JobState | None:
+    """The row's state, from the hot table or, for a completed job, the kept ones."""
+    rows = fetch(f"SELECT status, lane, started_at IS NOT NULL, {_in_flight()} "
+                 f"FROM {JOBS} WHERE id = %s UNION ALL SELECT %s, lane, TRUE, FALSE "
+                 f"FROM {DONE_JOBS} WHERE id = %s", [job_id, DONE.value, job_id])
+    if not rows:
+        return None
+    status, lane, started, in_flight = rows[0]
+    return JobState(status, lane, bool(started), bool(in_flight))
+
+
+# -- retention ----------------------------------------------------------------------------
+
+
+def _beyond_newest(table: str, where: str, order: str) -> str:
+    """Ids past the newest ``%s`` rows of ``table`` matching ``where`` (newest first by
+    ``order``), at most ``%s`` of them; rows another worker is removing are skipped."""
+    return (f"SELECT id FROM {table} WHERE {where} ORDER BY {order} DESC, id DESC "
+            f"LIMIT %s OFFSET %s{skip_locked()}")
+
+
+# A flow's step jobs are kept and removed with their flow (``flows_delete``).
+_NOT_STEP = "dedupe_key NOT LIKE %s"
+_STEP_KEYS = FLOW_STEP_KEY_PREFIX + "%"
+
+
+def _targets_where(table: str, where: str, params: Sequence[Any]) -> list[str]:
+    """The distinct targets of ``table``'s rows matching ``where``, read off an index led by
+    ``target`` one target at a time (a loose index scan): a handful of index probes however
+    many rows each target has, where ``SELECT DISTINCT`` would read every entry. ``where``
+    names the columns unqualified (the inner query's row is the one tested)."""
+    rows = fetch(
+        f"WITH RECURSIVE t(target) AS (SELECT min(target) FROM {table} WHERE {where} "
+        f"UNION ALL SELECT (SELECT min(j.target) FROM {table} j WHERE {where} "
+        "AND j.target > t.target) FROM t WHERE t.target IS NOT NULL) "
+        "SELECT target FROM t WHERE target IS NOT NULL", [*params, *params])
+    return [t for (t,) in rows]
+
+
+def done_targets() -> list[str]:
+    """The targets that have completed jobs kept (index ``jobs_done_by_target``)."""
+    return _targets_where(DONE_JOBS, "TRUE", [])
+
+
+def done_prune_beyond(target: str, keep: int, limit: int) -> int:
+    """Delete up to ``limit`` completed jobs of ``target`` older than its newest ``keep``
+    (index ``jobs_done_by_target``)."""
+    assert PRUNE_DONE.sources == (DONE,)
+    return execute(
+        f"DELETE FROM {DONE_JOBS} WHERE id IN ("
+        f"{_beyond_newest(DONE_JOBS, f'target = %s AND {_NOT_STEP}', 'finished_at')})",
+        [target, _STEP_KEYS, limit, keep])
+
+
+def dead_targets() -> list[str]:
+    """The targets that have DEAD jobs (index ``jobs_dead_by_target``)."""
+    return _targets_where(JOBS, "status = %s", [DEAD.value])
+
+
+def dead_prune_beyond(target: str, keep: int, limit: int) -> int:
+    """Delete up to ``limit`` DEAD jobs of ``target`` older than its newest ``keep`` (index
+    ``jobs_dead_by_target``)."""
+    return execute(
+        f"DELETE FROM {JOBS} WHERE id IN ("
+        f"{_beyond_newest(JOBS, f'status = %s AND target = %s AND {_NOT_STEP}', 'closed_at')})",
+        [*PRUNE.source_values, target, _STEP_KEYS, limit, keep])
+
+
+def pending_targets() -> list[str]:
+    """The targets that have PENDING rows: fast-lane ones read off the poll's index one
+    target at a time (a loose index scan), long-lane ones from theirs."""
+    fast = _targets_where(JOBS, "status = %s AND lane = %s", [PENDING.value, Lane.FAST.value])
+    long = fetch(f"SELECT DISTINCT target FROM {JOBS} WHERE status = %s AND lane = %s",
+                 [PENDING.value, Lane.LONG.value])
+    return sorted({*fast, *(t for (t,) in long)})
+
+
+def jobs_close_unhandled(target: str, due_before: datetime, now: datetime, limit: int
+                         ) -> list[ClosedJob]:
+    """PENDING rows of ``target``, a target no handler takes, due before ``due_before``:
+    DEAD with that reason, up to ``limit`` of them."""
+    reason = f"no handler registered for {target}"
+    rows = fetch(
+        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s "
+        f"WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s AND target = %s "
+        f"AND next_run_at < %s ORDER BY next_run_at LIMIT %s{skip_locked()}) "
+        "RETURNING id, target, code, dedupe_key",
+        [UNHANDLED.target, dt(now), reason, dt(now), *UNHANDLED.source_values, target,
+         dt(due_before), limit])
+    return [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in rows]
+
+
+def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
+    """Retention: delete up to ``limit`` DEAD rows closed before ``cutoff`` (index
+    ``jobs_status_closed``). Rows another worker is deleting right now are skipped."""
+    return execute(
+        f"DELETE FROM {JOBS} WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s "
+        f"AND closed_at < %s AND {_NOT_STEP} ORDER BY closed_at LIMIT %s{skip_locked()})",
+        [*PRUNE.source_values, dt(cutoff), _STEP_KEYS, limit],
+    )
+
+
+def flows_finished_before(cutoff: datetime, limit: int) -> list[int]:
+    """Ids of up to ``limit`` flows that finished (completed, failed, cancelled) before
+    ``cutoff`` (index ``jobs_flow_finished``)."""
+    return [i for (i,) in fetch(
+        f"SELECT id FROM {FLOWS} WHERE finished_at < %s ORDER BY finished_at LIMIT %s",
+        [dt(cutoff), limit])]
+
+
+def flows_delete(flow_ids: Sequence[int]) -> int:
+    """Delete flows with their steps and their steps' jobs (waiting, DEAD or kept DONE),
+    in the caller's transaction; returns the flows deleted."""
+    if not flow_ids:
+        return 0
+    ids = ", ".join(["%s"] * len(flow_ids))
+    steps_jobs = f"SELECT job_id FROM {FLOW_STEPS} WHERE flow_id IN ({ids}) AND job_id IS NOT NULL"
+    execute(f"DELETE FROM {JOBS} WHERE id IN ({steps_jobs})", list(flow_ids))
+    execute(f"DELETE FROM {DONE_JOBS} WHERE id IN ({steps_jobs})", list(flow_ids))
+    execute(f"DELETE FROM {FLOW_STEPS} WHERE flow_id IN ({ids})", list(flow_ids))
+    return execute(f"DELETE FROM {FLOWS} WHERE id IN ({ids})", list(flow_ids))
+
+
+# -- reads: statistics, metrics, counts ---------------------------------------------------
+
+
+def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
+    """(hour, target, outcome, count) of the hours from ``since`` on, oldest first."""
+    rows = fetch(f"SELECT hour, target, outcome, count FROM {JOB_STATS} WHERE hour >= %s "
+                 "ORDER BY hour, target, outcome", [dt(since)])
+    return [(read_dt(h), t, o, c) for h, t, o, c in rows]  # type: ignore[misc]
+
+
+def job_stats_totals() -> list[tuple[str, str, int]]:
+    """(target, outcome, runs) summed over every hour kept."""
+    return [(t, o, int(c)) for t, o, c in fetch(
+        f"SELECT target, outcome, SUM(count) FROM {JOB_STATS} GROUP BY target, outcome "
+        "ORDER BY target, outcome")]
+
+
+def jobs_pending_by_lane() -> dict[str, tuple[int, datetime | None]]:
+    """lane → (PENDING rows, earliest next_run_at): a count, so a scan of the pending rows."""
+    rows = fetch(f"SELECT lane, COUNT(*), MIN(next_run_at) FROM {JOBS} WHERE status = %s "
+                 "GROUP BY lane", [PENDING.value])
+    return {lane: (count, read_dt(earliest)) for lane, count, earliest in rows}
+
+
+def jobs_count(statuses: Iterable[str] | None = None) -> int:
+    if statuses is None:
+        return fetch(f"SELECT COUNT(*) FROM {JOBS}")[0][0]
+    clause, params = in_("status", list(statuses))
+    return fetch(f"SELECT COUNT(*) FROM {JOBS} WHERE {clause}", params)[0][0]
+
+
+def job_info_row(job_id: int) -> tuple[Any, ...] | None:
+    """(id, target, code, key, status, attempts, result, last_error, created_at, started_at,
+    finished_at, payload, claimed_by, tries) of a job, from the hot table or the completed
+    ones, or None."""
+    rows = fetch(
+        f"SELECT id, target, code, key, status, attempts, NULL, last_error, created_at, "
+        f"started_at, closed_at, payload, claimed_by, tries FROM {JOBS} WHERE id = %s "
+        f"UNION ALL SELECT id, target, code, key, %s, attempts, result, '', created_at, "
+        f"started_at, finished_at, payload, NULL, tries FROM {DONE_JOBS} WHERE id = %s",
+        [job_id, DONE.value, job_id])
+    return rows[0] if rows else None
+
+
+def done_counts() -> dict[str, int]:
+    """target → completed jobs kept (the table is bounded by the keep counts)."""
+    return dict(fetch(f"SELECT target, COUNT(*) FROM {DONE_JOBS} GROUP BY target"))
+
+
+def dead_counts() -> dict[str, int]:
+    """target → DEAD jobs kept."""
+    return dict(fetch(f"SELECT target, COUNT(*) FROM {JOBS} WHERE status = %s GROUP BY target",
+                      [DEAD.value]))
+
+
+def workers_outages() -> list[tuple[str, int, float]]:
+    """(worker id, database outages ridden out, seconds the last one lasted) per worker."""
+    return [(w, int(n), float(s)) for w, n, s in fetch(
+        f"SELECT worker_id, db_outages, last_db_outage_s FROM {WORKERS} ORDER BY worker_id")]

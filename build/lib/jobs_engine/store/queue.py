@@ -1,0 +1,815 @@
+"""The queue's statements: enqueue, both lanes' reads and claims, every outcome write.
+
+The worker loops, leases and outcome code never write SQL; they call these functions.
+Each is one named state transition or read, its guard in its name or docstring, so the
+hot SQL is reviewed and indexed from this file alone. Decision times come from the
+caller: workers read the database's clock (``dialect.db_now``) so skewed worker clocks
+stay correct, and tests pass a fixed ``now``. Status changes come from ``states``.
+
+Over 400 lines because it is meant to be read whole: this is every statement a job meets,
+from its insert through both lanes to its outcome. Who may act (partition leases, worker
+liveness, in-flight marks, target pauses) is in ``leases``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import IntegrityError, transaction
+
+from jobs_engine import states
+from jobs_engine.job import Job
+from jobs_engine.models import (
+    CompletedJob,
+    Flow,
+    FlowStep,
+    JobStat,
+    Partition,
+    TargetPause,
+    VersionCounter,
+    Worker,
+)
+from jobs_engine.models import Job as JobTable
+from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane, StepState
+from jobs_engine.store.dialect import (
+    clock_sql,
+    dt,
+    execute,
+    fetch,
+    greatest,
+    in_,
+    json_append,
+    json_object,
+    json_param,
+    jsonb,
+    notify_after_insert,
+    read_dt,
+    read_json,
+    skip_locked,
+    table,
+    values_,
+    writable_ctes,
+)
+from jobs_engine.text import clean
+
+__all__ = [
+    "CLOSED",
+    "COUNTERS",
+    "DONE_JOBS",
+    "DONE_KEPT",
+    "DONE_NOT_KEPT",
+    "ENQUEUE",
+    "FLOWS",
+    "FLOW_STEPS",
+    "FLOW_STEP_KEY_PREFIX",
+    "JOBS",
+    "JOB_STATS",
+    "LAST_ERROR_LIMIT",
+    "NOTIFY_CHANNEL",
+    "PARTITIONS",
+    "PAUSES",
+    "RELEASE_REASON",
+    "RESCUE_PRESUMED_DEAD",
+    "RESCUE_REASON",
+    "RESCUE_RELEASE",
+    "RESERVE",
+    "RETRIED",
+    "TAKEOVER_PRESUMED_DEAD",
+    "TAKEOVER_REASON",
+    "WORKERS",
+    "ClosedJob",
+    "Done",
+    "FastPoll",
+    "Guard",
+    "NewJob",
+    "cut_error",
+    "flow_steps_queued",
+    "job_close_dead",
+    "job_release_unchanged",
+    "job_retry_later",
+    "job_stats_add",
+    "jobs_done",
+    "jobs_fast_due",
+    "jobs_fast_poll",
+    "jobs_hold_key_until",
+    "jobs_ids_by_dedupe_key",
+    "jobs_insert_many",
+    "jobs_long_mark_started",
+    "jobs_long_next_due",
+    "jobs_long_renew",
+    "jobs_long_rescue_expired",
+    "jobs_long_reserve",
+    "jobs_still_pending",
+    "partitions_clear_inflight",
+    "partitions_mark_inflight_if_leased",
+    "version_counter_next",
+]
+
+JOBS = JobTable._meta.db_table
+PARTITIONS = Partition._meta.db_table
+WORKERS = Worker._meta.db_table
+PAUSES = TargetPause._meta.db_table
+COUNTERS = VersionCounter._meta.db_table
+JOB_STATS = JobStat._meta.db_table
+DONE_JOBS = CompletedJob._meta.db_table
+FLOWS = Flow._meta.db_table
+FLOW_STEPS = FlowStep._meta.db_table
+
+NOTIFY_CHANNEL = "jobs_engine"
+LAST_ERROR_LIMIT = 2000
+TAKEOVER_REASON = "in flight when its partition was taken over"
+RESCUE_REASON = "lease expired while running; at-most-once rows are not run twice"
+RELEASE_REASON = "lease expired while running; run again (at least once)"
+
+# The state machine's edges each statement below takes.
+ENQUEUE = states.transition(DELETED, to=PENDING)
+RESERVE = states.transition(PENDING, to=RUNNING)
+RESCUE_PRESUMED_DEAD = states.transition(RUNNING, to=DEAD)
+RESCUE_RELEASE = states.transition(RUNNING, to=PENDING)
+TAKEOVER_PRESUMED_DEAD = states.transition(PENDING, to=DEAD)
+# Outcomes: from the lane's own status, or from a DEAD its holder's late write replaces.
+DONE_NOT_KEPT = {Lane.FAST: states.transition(PENDING, DEAD, to=DELETED),
+                 Lane.LONG: states.transition(RUNNING, DEAD, to=DELETED)}
+DONE_KEPT = {Lane.FAST: states.transition(PENDING, DEAD, to=DONE),
+             Lane.LONG: states.transition(RUNNING, DEAD, to=DONE)}
+RETRIED = {Lane.FAST: states.transition(PENDING, DEAD, to=PENDING),
+           Lane.LONG: states.transition(RUNNING, DEAD, to=PENDING)}
+CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
+          Lane.LONG: states.transition(RUNNING, DEAD, to=DEAD)}
+
+_PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
+
+# The dedupe key of a flow step's job starts with this (``flows.queue``): such a job belongs
+# to its flow, kept and removed with it, never by its target's keep counts.
+FLOW_STEP_KEY_PREFIX = "flow-step:"
+
+# What a lane reads of a row, in the order of ``Job``'s fields.
+_JOB_COLUMNS = ("id", "target", "code", "key", "version", "payload", "headers", "attempts",
+                "trace_id", "dedupe_key", "actor", "created_at", "partition", "delivery_mode")
+_COLUMNS = ", ".join(_JOB_COLUMNS)
+
+
+def _job(row: Sequence[Any]) -> Job:
+    """A row of ``_JOB_COLUMNS`` (positional: this runs for every row a lane reads)."""
+    (job_id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key,
+     actor, created_at, partition, delivery_mode) = row[:14]
+    return Job(job_id, target, code, key, version, payload,
+               read_json(headers) if headers != "{}" else {}, attempts, trace_id, dedupe_key,
+               read_json(actor), read_dt(created_at), partition, delivery_mode)
+
+
+def cut_error(text: str) -> str:
+    return clean(text, LAST_ERROR_LIMIT)
+
+
+# -- enqueue ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """A row to insert, as ``enqueue`` built it."""
+
+    code: str
+    target: str
+    lane: str
+    key: str | None
+    partition: int
+    version: int
+    payload_json: str
+    headers: dict[str, Any]
+    dedupe_key: str
+    delivery_mode: str
+    trace_id: str
+    actor: dict[str, Any] | None
+    run_at: datetime | None
+    priority: int = 0
+
+
+_INSERT_COLUMNS = ("code", "target", "lane", "key", "partition", "version", "payload", "headers",
+                   "dedupe_key", "delivery_mode", "run_at", "trace_id", "actor", "priority")
+_INSERT_TYPES = ("text", "text", "text", "text", "smallint", "bigint", "text", "text", "text",
+                 "text", "timestamptz", "text", "text", "smallint")
+
+
+def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = None
+                     ) -> dict[str, int]:
+    """Insert PENDING rows, skipping any whose dedupe_key exists; returns dedupe_key → id
+    of the rows inserted.
+
+    ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the caller's
+    transaction. On PostgreSQL the statement also queues a NOTIFY per lane, delivered when
+    the caller's transaction commits. A new row of a key whose head waits for a retry
+    starts at the head's run time: it is held until then anyway, and keeping held rows
+    out of the due range keeps the fast poll's cost flat (rows without a key skip that
+    lookup: a statement the database plans in a third of the time).
+    """
+    if not rows:
+        return {}
+    if len(rows) == 1 and rows[0].key is None:
+        return _job_insert_one(rows[0], now, using)
+    source, params = table(
+        [(row.code, row.target, row.lane, row.key, row.partition, row.version,
+          row.payload_json, json_param(row.headers), row.dedupe_key, row.delivery_mode,
+          dt(row.run_at, using), row.trace_id,
+          json_param(row.actor) if row.actor is not None else None, row.priority)
+         for row in rows],
+        _INSERT_TYPES, using=using, arrays_from=1)  # one text for every batch size
+    stamp, stamp_params = clock_sql(now, using)
+    head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
+                   "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
+                   "ORDER BY h.version, h.id LIMIT 1)")
+    next_run_at = (greatest("due", f"COALESCE({head_run_at}, due)")
+                   if any(row.key is not None for row in rows) else "due")
+    insert = (
+        f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
+        f"v AS (SELECT u.*, COALESCE(u.run_at, {stamp}) AS due, {stamp} AS stamp FROM u) "
+        f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
+        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
+        "priority, created_at, updated_at) "
+        f"SELECT code, target, lane, key, partition, version, {jsonb('payload', using)}, "
+        f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
+        f"{next_run_at}, '', trace_id, "
+        f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
+    sql = notify_after_insert(insert, NOTIFY_CHANNEL)
+    return {row[1]: row[0] for row in fetch(sql, [*params, *stamp_params, *stamp_params],
+                                            using)}
+
+
+def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, int]:
+    """``jobs_insert_many`` of one row without a key (a task, a report): a plain insert,
+    which the database plans in a fraction of the time of the many-row statement."""
+    stamp, stamp_params = clock_sql(now, using)
+    insert = (
+        f"INSERT INTO {JOBS} (code, target, lane, partition, version, payload, headers, "
+        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
+        f"priority, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, {jsonb(using=using)}, "
+        f"{jsonb(using=using)}, %s, '{ENQUEUE.target}', %s, 0, COALESCE(%s, {stamp}), '', %s, "
+        f"{jsonb(using=using)}, %s, {stamp}, {stamp}) "
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
+    params = [row.code, row.target, row.lane, row.partition, row.version, row.payload_json,
+              json_param(row.headers), row.dedupe_key, row.delivery_mode, dt(row.run_at, using),
+              *stamp_params, row.trace_id,
+              json_param(row.actor) if row.actor is not None else None, row.priority,
+              *stamp_params, *stamp_params]
+    return {found[1]: found[0] for found in fetch(notify_after_insert(insert, NOTIFY_CHANNEL),
+                                                  params, using)}
+
+
+def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
+                           ) -> dict[str, int]:
+    clause, params = in_("dedupe_key", dedupe_keys, using)
+    return {key: job_id for job_id, key in fetch(
+        f"SELECT id, dedupe_key FROM {JOBS} WHERE {clause}", params, using)}
+
+
+def version_counter_next(key: str, using: str | None = None) -> int:
+    """Atomically add one to the counter of ``key`` (row-locked until the caller commits)."""
+    return fetch(
+        f"INSERT INTO {COUNTERS} (key, value) VALUES (%s, 1) ON CONFLICT (key) "
+        f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", [key], using,
+    )[0][0]
+
+
+# -- shared by the statements below -----------------------------------------------
+
+
+def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+    """``(id, attempts)`` is one of ``rows``: an ``id IN`` per attempts value (a send's
+    rows mostly share one), so even a large queue is read by its primary key."""
+    ids_by_attempts: dict[int, list[int]] = {}
+    for job_id, attempts in rows:
+        ids_by_attempts.setdefault(attempts, []).append(job_id)
+    clauses, params = [], []
+    for attempts, ids in ids_by_attempts.items():
+        ids_clause, ids_params = in_("id", ids)
+        clauses.append(f"({ids_clause} AND attempts = %s)")
+        params += [*ids_params, attempts]
+    return f"({' OR '.join(clauses)})", params
+
+
+@dataclass(frozen=True)
+class ClosedJob:
+    id: int
+    target: str
+    code: str
+    dedupe_key: str
+    reason: str
+
+
+# -- in-flight marks ----------------------------------------------------------------------
+
+
+def partitions_mark_inflight_if_leased(
+    owner: str, now: datetime, inflight: Mapping[int, Sequence[int]], token: str,
+    sending: Sequence[tuple[int, int, int]],
+) -> set[int]:
+    """Record rows about to be handed to a target in their partitions' in-flight marks,
+    under the poll's token, in one statement for every partition of the send.
+
+    ``inflight`` maps each partition of the send to every row handed in this poll so far
+    plus the rows about to go; ``sending`` is those rows as (partition, id, attempts).
+    A partition is marked only while ``owner`` holds a live lease on it and every row of
+    it in ``sending`` is still PENDING as read (a takeover or an admin may have closed
+    one). Returns the partitions marked; for the others send nothing, and
+    ``jobs_still_pending`` tells a lost lease from a closed row.
+    """
+    counts: dict[int, int] = {}
+    for partition, _, _ in sending:
+        counts[partition] = counts.get(partition, 0) + 1
+    marks, mark_params = table([(p, json_param(list(inflight[p])), n)
+                                for p, n in counts.items()], ("int", "jsonb", "int"))
+    sent, sent_params = _id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
+    rows = fetch(
+        f"WITH mark(partition, ids, n) AS ({marks}), "
+        f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
+        f"WHERE status = %s AND {sent} GROUP BY partition) "
+        f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb('mark.ids')}, inflight_token = %s "
+        "FROM mark JOIN live ON live.partition = mark.partition AND live.n = mark.n "
+        f"WHERE {PARTITIONS}.partition = mark.partition AND {PARTITIONS}.owner = %s "
+        f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition",
+        [*mark_params, _PENDING, *sent_params, token, owner, dt(now)],
+    )
+    return {row[0] for row in rows}
+
+
+def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
+    """Ids of the (id, attempts) rows that are still PENDING as read."""
+    pending, params = _id_attempts_in(rows)
+    return {row[0] for row in fetch(
+        f"SELECT id FROM {JOBS} WHERE status = %s AND {pending}", [_PENDING, *params])}
+
+
+def partitions_clear_inflight(token: str) -> None:
+    """Clear the in-flight marks a poll made (its outcomes are written)."""
+    execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
+            "WHERE inflight_token = %s", ["[]", token])
+
+
+# -- fast lane ----------------------------------------------------------------------------
+
+
+def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
+                    whole_backlog: bool = False) -> tuple[str, list[Any]]:
+    """The heads of each target in ``limits``, UNION ALL: ``_JOB_COLUMNS`` plus
+    ``next_run_at``.
+
+    A target's heads are those among its first ``limit`` due rows (its window), so a deep
+    backlog on few keys costs a poll ``limit`` rows, not the whole backlog; the later
+    versions among them wait for a later poll. ``whole_backlog``: the first ``limit``
+    heads of the whole due backlog.
+    """
+    part_clause, part_params = in_("j.partition", partitions)
+    due = (f"SELECT {', '.join('j.' + c for c in _JOB_COLUMNS)}, "
+           f"j.next_run_at FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+           f"AND j.target = %s AND j.next_run_at <= %s AND {part_clause}")
+    head = ("(j.key IS NULL OR NOT EXISTS ("
+            f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
+            "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
+            "AND (e.version, e.id) < (j.version, j.id)))")
+    order = "ORDER BY j.next_run_at, j.id LIMIT %s"
+    if whole_backlog:
+        per_target = f"SELECT * FROM ({due} AND {head} {order}) AS t{{n}}"
+    else:
+        per_target = f"SELECT * FROM ({due} {order}) AS j WHERE {head}"
+    branches, params = [], []
+    for n, (target, limit) in enumerate(limits.items()):
+        branches.append(per_target.format(n=n))
+        due_params = [Lane.FAST.value, _PENDING, target, dt(now), *part_params]
+        params += ([*due_params, _PENDING, limit] if whole_backlog
+                   else [*due_params, limit, _PENDING])
+    return " UNION ALL ".join(branches), params
+
+
+def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
+                  whole_backlog: bool = False) -> list[Job]:
+    """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) in
+    the given partitions, each the head of its key, in run order: the heads among each
+    target's first ``limit`` due rows (``_fast_heads_sql``).
+
+    A row is the head when no PENDING row of the same target and key comes before it in
+    (version, id) order, whatever that row's run time: a row waiting for a retry holds
+    the later versions of its key (``jobs_hold_key_until`` moves those out of the way).
+    DEAD rows hold nothing. Index-backed: one scan of ``jobs_fast_pending_due`` per
+    target, so a paused target's backlog is never walked, and each hold test is one
+    probe of ``jobs_pending_key_order``.
+
+    ``whole_backlog``: the first heads of each target's whole due backlog instead. A
+    window holds no head when every row in it waits for an earlier version due later
+    (versions committed out of order); this walk keeps the lane from stalling behind
+    them, and reads the whole backlog, so the lane runs it seldom.
+    """
+    if not limits or not partitions:
+        return []
+    union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog)
+    return [_job(row) for row in fetch(
+        f"SELECT {_COLUMNS} FROM ({union}) AS due ORDER BY next_run_at, id", params)]
+
+
+@dataclass(frozen=True)
+class FastPoll:
+    jobs: list[Job]
+    marked_target: str | None = None  # the target whose rows the poll marked in flight
+    marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
+
+
+def jobs_fast_poll(
+    partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
+    token: str, markable: Collection[str],
+) -> FastPoll:
+    """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
+    read itself when that send takes the whole poll.
+
+    The first send is the rows of the first target in name order (the lane sends target
+    by target in that order); its rows are marked when that target is in ``markable``.
+    Marks are those of ``partitions_mark_inflight_if_leased`` (poll token, live lease of
+    ``owner``); a partition whose lease is gone is not marked. With writable CTEs
+    (PostgreSQL) one statement reads and marks, so a marked row is PENDING as read and no
+    mark statement of its own (the largest fixed cost of a send) is needed; otherwise the
+    read is followed by the guarded mark.
+    """
+    if not limits or not partitions:
+        return FastPoll([])
+    if not writable_ctes():
+        jobs = jobs_fast_due(partitions, now, limits)
+        first = min((job.target for job in jobs), default=None)
+        if first not in markable:
+            return FastPoll(jobs)
+        wanted: dict[int, list[int]] = {}
+        for job in jobs:
+            if job.target == first:
+                wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
+        marked = partitions_mark_inflight_if_leased(
+            owner, now, wanted, token,
+            [(job.partition, job.id, job.attempts) for job in jobs  # type: ignore[misc]
+             if job.target == first])
+        return FastPoll(jobs, first, {p: ids for p, ids in wanted.items() if p in marked})
+    union, params = _fast_heads_sql(partitions, now, limits)
+    markable_clause, markable_params = in_("target", list(markable))
+    first_send = f"target = (SELECT min(target) FROM due) AND {markable_clause}"
+    # The marks as one object {partition: ids}: the update reads the owner's partitions
+    # once, where a join of one row per partition compared every pair (64 by 64).
+    fetched = fetch(
+        f"WITH due AS MATERIALIZED ({union}), "
+        "first_send AS MATERIALIZED (SELECT jsonb_object_agg(partition, ids) AS marks "
+        f"FROM (SELECT partition, jsonb_agg(id) AS ids FROM due WHERE {first_send} "
+        "GROUP BY partition) AS by_partition), "
+        f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = f.marks -> p.partition::text, "
+        "inflight_token = %s FROM first_send f WHERE f.marks ? p.partition::text "
+        "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
+        f"SELECT {_COLUMNS}, {first_send} AND partition IN (SELECT partition FROM marked) "
+        "FROM due ORDER BY next_run_at, id",
+        [*params, *markable_params, token, owner, dt(now), *markable_params],
+    )
+    jobs = [_job(row) for row in fetched]
+    marks: dict[int, list[int]] = {}
+    for job, values in zip(jobs, fetched, strict=True):
+        if values[-1]:
+            marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
+    first = min((job.target for job in jobs), default=None)
+    return FastPoll(jobs, first if first in markable else None, marks)
+
+
+def jobs_hold_key_until(job: Job, run_at: datetime) -> int:
+    """Move the later PENDING versions of a retrying row's key to its retry time.
+
+    They are held anyway (the row is the key's head); moving them keeps the poll's scan
+    from walking them again and again until then.
+    """
+    return execute(
+        f"UPDATE {JOBS} SET next_run_at = %s WHERE status = %s AND partition = %s "
+        "AND target = %s AND key = %s AND (version > %s OR (version = %s AND id > %s)) "
+        "AND next_run_at < %s",
+        [dt(run_at), _PENDING, job.partition, job.target, job.key, job.version, job.version,
+         job.id, dt(run_at)],
+    )
+
+
+# -- long lane ----------------------------------------------------------------------------
+
+
+# A try whose worker stopped answering: recorded as this exception (``errors.WorkerLost``).
+WORKER_LOST = "jobs_engine.errors.WorkerLost"
+
+
+def _lost_try() -> str:
+    """The ``tries`` entry of a started row whose lease expired, built from the row."""
+    return json_object([("worker", "claimed_by"), ("started_at", "started_at"),
+                        ("finished_at", "%s"), ("error", f"'{WORKER_LOST}'"),
+                        ("traceback", "%s")])
+
+
+def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
+    """Deal with RUNNING rows whose lease expired (their worker died or stalled).
+
+    At-most-once rows whose handler had started go DEAD instead of running twice, keeping
+    their claim token (``Guard``: a holder alive after all still writes what happened);
+    every other expired row goes back to PENDING for any worker to reserve. A started
+    row's try is recorded in ``tries`` as lost. Returns the rows closed and the number
+    released.
+    """
+    expired = dt(now)
+    lost = json_append("tries", _lost_try())
+    dead = fetch(
+        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
+        f"lease_until = NULL, updated_at = %s, attempts = attempts + 1, tries = {lost} "
+        "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
+        "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
+        [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
+         *RESCUE_PRESUMED_DEAD.source_values, expired, DeliveryMode.AT_MOST_ONCE.value],
+    )
+    released = execute(
+        f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
+        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s, "
+        "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, "
+        f"tries = CASE WHEN started_at IS NULL THEN tries ELSE {lost} END "
+        "WHERE status = %s AND lease_until <= %s",
+        [RESCUE_RELEASE.target, expired, expired, RELEASE_REASON,
+         *RESCUE_RELEASE.source_values, expired],
+    )
+    return [ClosedJob(r[0], r[1], r[2], r[3], RESCUE_REASON) for r in dead], released
+
+
+def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
+                      exclusive_targets: Sequence[str] = (), targets: Sequence[str]
+                      ) -> list[Job]:
+    """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
+    and a lease.
+
+    Rows of an exclusive target also take ``running_code = code``; the unique partial
+    index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
+    on any worker, and such a loser is simply not reserved. Without exclusive targets, on
+    PostgreSQL, one statement picks and claims the rows (one round trip, no transaction).
+    """
+    lease_until = dt(now + timedelta(seconds=lease_s))
+    target_clause, target_params = in_("j.target", targets)
+    if not exclusive_targets and writable_ctes():
+        rows = fetch(
+            f"WITH picked AS (SELECT j.id FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+            f"AND j.next_run_at <= %s AND {target_clause} "
+            "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
+            "lease_until = %s, running_code = NULL, started_at = NULL, updated_at = %s "
+            f"FROM picked WHERE {JOBS}.id = picked.id "
+            f"RETURNING {', '.join(f'{JOBS}.{c}' for c in _JOB_COLUMNS)}, "
+            f"{JOBS}.priority, {JOBS}.next_run_at",
+            [Lane.LONG.value, _PENDING, dt(now), *target_params, limit, RESERVE.target, token,
+             owner, lease_until, dt(now)])
+        rows.sort(key=lambda row: (-row[14], row[15], row[0]))
+        return [_job(row) for row in rows]
+    order: dict[int, int] = {}
+    excl_clause, excl_params = in_("j.target", exclusive_targets)
+    reserved: list[Job] = []
+    with transaction.atomic():
+        candidates = fetch(
+            f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+            f"AND j.next_run_at <= %s AND {target_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
+            f"SELECT 1 FROM {JOBS} r WHERE r.status = %s AND r.running_code = j.code)) "
+            f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
+            [Lane.LONG.value, _PENDING, dt(now), *target_params, *excl_params, _RUNNING, limit],
+        )
+        order = {job_id: place for place, (job_id, _, _) in enumerate(candidates)}
+        exclusive = set(exclusive_targets)
+        plain_ids = [job_id for job_id, target, _ in candidates if target not in exclusive]
+        seen_codes: set[str] = set()
+        exclusive_rows = []
+        for job_id, target, code in candidates:
+            if target in exclusive and code not in seen_codes:
+                seen_codes.add(code)
+                exclusive_rows.append((job_id, code))
+        update = (
+            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
+            "running_code = %s, started_at = NULL, updated_at = %s WHERE {where} AND status = %s "
+            f"RETURNING {_COLUMNS}"
+        )
+        if plain_ids:
+            clause, params = in_("id", plain_ids)
+            rows = fetch(update.format(where=clause),
+                         [RESERVE.target, token, owner, lease_until, None, dt(now), *params,
+                          *RESERVE.source_values])
+            reserved += [_job(row) for row in rows]
+        for job_id, code in exclusive_rows:
+            try:
+                with transaction.atomic():
+                    rows = fetch(update.format(where="id = %s"),
+                                 [RESERVE.target, token, owner, lease_until, code, dt(now),
+                                  job_id, *RESERVE.source_values])
+            except IntegrityError:
+                continue  # another worker runs this code right now
+            reserved += [_job(row) for row in rows]
+    return sorted(reserved, key=lambda job: order[job.id])  # type: ignore[index]
+
+
+def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
+    """When the next PENDING long-lane row of ``targets`` not yet due comes due: the lane
+    sleeps no longer than that (a deferred job runs on time, not at the next idle poll)."""
+    target_clause, target_params = in_("target", targets)
+    rows = fetch(f"SELECT MIN(next_run_at) FROM {JOBS} WHERE lane = %s AND status = %s "
+                 f"AND next_run_at > %s AND {target_clause}",
+                 [Lane.LONG.value, _PENDING, dt(now), *target_params])
+    return read_dt(rows[0][0]) if rows else None
+
+
+def jobs_long_mark_started(ids: Sequence[int], token: str, now: datetime
+                           ) -> dict[int, list[dict[str, Any]]]:
+    """Record that the handlers of reserved rows are about to run, in one statement;
+    returns each row's earlier tries (its ``tries`` entries). A row missing from the
+    answer lost its claim meanwhile: it must not run."""
+    clause, params = in_("id", ids)
+    rows = fetch(
+        f"UPDATE {JOBS} SET started_at = %s WHERE {clause} AND claim_token = %s "
+        "AND status = %s RETURNING id, tries",
+        [dt(now), *params, token, _RUNNING],
+    )
+    return {job_id: read_json(tries) or [] for job_id, tries in rows}
+
+
+def jobs_long_renew(tokens: Sequence[str], now: datetime, lease_s: float) -> set[str]:
+    """Extend the leases of RUNNING rows held under ``tokens``; returns the tokens renewed."""
+    clause, params = in_("claim_token", tokens)
+    rows = fetch(
+        f"UPDATE {JOBS} SET lease_until = %s WHERE status = %s AND {clause} "
+        "AND lease_until > %s RETURNING claim_token",
+        [dt(now + timedelta(seconds=lease_s)), _RUNNING, *params, dt(now)],
+    )
+    return {row[0] for row in rows}
+
+
+# -- outcomes (both lanes) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a holder's outcome write must still match.
+
+    Fast lane: the row is PENDING with the attempts it was read with; the write is stamped
+    with the in-flight token. Long lane: the row is RUNNING under the claim token.
+
+    Either way a row that another worker *presumed* DEAD because its holder vanished (a
+    takeover of an at-most-once row in flight, the rescue of an expired at-most-once
+    lease) still matches: it keeps the holder's token in ``claim_token``, and the holder,
+    back after a database outage or a stall, writes what really happened. A delivered row
+    is then recorded as delivered, never left DEAD.
+    """
+
+    lane: Lane
+    token: str
+
+    def match(self, rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+        """SQL true for the ``(id, attempts read)`` rows this holder may still write."""
+        ids, id_params = in_("id", [job_id for job_id, _ in rows])
+        if self.lane is Lane.LONG:
+            return (f"{ids} AND status IN (%s, %s) AND claim_token = %s",
+                    [*id_params, _RUNNING, _DEAD, self.token])
+        if len({attempts for _, attempts in rows}) == 1:
+            read, read_params = "attempts = %s", [rows[0][1]]
+        else:
+            read, read_params = _id_attempts_in(rows)
+        return (f"{ids} AND ((status = %s AND {read}) OR (status = %s AND claim_token = %s))",
+                [*id_params, _PENDING, *read_params, _DEAD, self.token])
+
+    def sets(self) -> tuple[str, list[Any]]:
+        if self.lane is Lane.FAST:
+            return "outcome_token = %s, claim_token = NULL", [self.token]
+        return ("claim_token = NULL, claimed_by = NULL, lease_until = NULL, running_code = NULL, "
+                "started_at = NULL", [])
+
+
+class Done(NamedTuple):
+    """A job whose handler returned: (id, attempts read, result as JSON text or None, when
+    its try started, how long it took, and for the long lane its ``tries`` entry)."""
+
+    id: int
+    attempts: int
+    result_json: str | None
+    started_at: datetime
+    duration_ms: float
+    try_json: str | None = None
+
+
+def _tries_after(tried: str, tries: str = "tries") -> str:
+    """The ``tries`` column with the entry ``tried`` (SQL, a JSON text or NULL) appended."""
+    return f"CASE WHEN {tried} IS NULL THEN {tries} ELSE {json_append(tries, tried)} END"
+
+
+def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -> int:
+    """Record the jobs of one send whose handler returned; returns how many rows matched.
+
+    ``keep``: the target's ``keep_completed`` (0 for rows of targets that keep none). The
+    newest ``keep`` of the send move to the table of completed jobs as DONE, with their
+    result and one more try counted, in one statement where writable CTEs allow (delete
+    here, append there), else two in the caller's transaction; the rest are deleted (the
+    retention service would remove them next anyway: a send never copies more rows than
+    its target keeps).
+    """
+    if not done:
+        return 0
+    where, params = guard.match([(d.id, d.attempts) for d in done])
+    kept = sorted(done, key=lambda d: d.id, reverse=True)[:keep]
+    if not kept:
+        assert DONE_NOT_KEPT[guard.lane].target is DELETED
+        return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
+    assert DONE_KEPT[guard.lane].target is DONE
+    results, result_params = table(
+        [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
+        ("bigint", "text", "timestamptz", "float8", "text"))
+    columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
+               "payload, headers, trace_id, actor, created_at")
+    tries = _tries_after("r.tried", "m.tries")
+    append = (
+        f"INSERT INTO {DONE_JOBS} ({columns}, result, attempts, started_at, finished_at, "
+        f"duration_ms, tries) SELECT {', '.join('m.' + c.strip() for c in columns.split(','))}, "
+        f"{jsonb('r.result')}, m.attempts + 1, COALESCE(m.started_at, r.started_at), %s, "
+        f"r.duration_ms, {tries} FROM {{moved}} m JOIN r ON r.id = m.id")
+    if writable_ctes():
+        return fetch(
+            f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}), "
+            f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
+            f"appended AS ({append.format(moved='moved')} RETURNING 1) "
+            "SELECT COUNT(*) FROM moved", [*result_params, *params, dt(now)])[0][0]
+    execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
+            + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
+            [*result_params, dt(now), *params])
+    return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
+
+
+def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,
+                    now: datetime, try_json: str | None = None) -> bool:
+    """An answered failure: one more attempt spent, run again at ``run_at``; ``try_json``
+    (long lane) is appended to the row's ``tries``."""
+    where, where_params = guard.match([(job_id, attempts)])
+    sets, set_params = guard.sets()
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, attempts = attempts + 1, next_run_at = %s, "
+        f"last_error = %s, closed_at = NULL, updated_at = %s, tries = {_tries_after('%s')}, "
+        f"{sets} WHERE {where}",
+        [RETRIED[guard.lane].target, dt(run_at), cut_error(error), dt(now), try_json, try_json,
+         *set_params, *where_params],
+    ) == 1
+
+
+def job_release_unchanged(guard: Guard, job_id: int, attempts: int, error: str | None,
+                          now: datetime) -> bool:
+    """Not sent (target unreachable, or not this worker's probe): no attempt spent; the
+    long lane gives the claim back. ``error=None`` keeps the row's last error."""
+    where, where_params = guard.match([(job_id, attempts)])
+    sets, set_params = guard.sets()
+    error_sql, error_params = ("last_error = %s, ", [cut_error(error)]) if error is not None \
+        else ("", [])
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, {error_sql}closed_at = NULL, updated_at = %s, {sets} "
+        f"WHERE {where}",
+        [RETRIED[guard.lane].target, *error_params, dt(now), *set_params, *where_params],
+    ) == 1
+
+
+def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: datetime, *,
+                   spend_attempt: bool, try_json: str | None = None) -> bool:
+    where, where_params = guard.match([(job_id, attempts)])
+    sets, set_params = guard.sets()
+    spent = "attempts = attempts + 1, " if spend_attempt else ""
+    return execute(
+        f"UPDATE {JOBS} SET status = %s, {spent}closed_at = %s, last_error = %s, updated_at = %s, "
+        f"tries = {_tries_after('%s')}, {sets} WHERE {where}",
+        [CLOSED[guard.lane].target, dt(now), cut_error(error), dt(now), try_json, try_json,
+         *set_params, *where_params],
+    ) == 1
+
+
+def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
+    """Add run counts per (hour, target, outcome) in one upsert.
+
+    Rows go in sorted order so two workers upserting the same buckets lock them in the
+    same order (no deadlock).
+    """
+    if not counts:
+        return
+    rows = [(dt(hour), target, outcome, count)
+            for (hour, target, outcome), count in sorted(counts.items())]
+    values, params = values_(rows)
+    execute(
+        f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) {values} "
+        "ON CONFLICT (hour, target, outcome) "
+        f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count", params,
+    )
+
+
+# -- flows ---------------------------------------------------------------------------------
+
+
+def flow_steps_queued(step_jobs: Sequence[tuple[int, int]], using: str | None = None) -> None:
+    """Mark steps QUEUED, each with the job that runs it: (step id, job id) pairs, in one
+    statement per ``FLOW_STEP_CHUNK`` (a batch of 10,000 jobs is ten statements, where an
+    update per step or Django's ``bulk_update`` takes seconds)."""
+    for start in range(0, len(step_jobs), FLOW_STEP_CHUNK):
+        rows, params = table(step_jobs[start:start + FLOW_STEP_CHUNK], ("bigint", "bigint"),
+                             using=using)
+        execute(f"WITH v(id, job_id) AS ({rows}) UPDATE {FLOW_STEPS} SET state = %s, "
+                f"job_id = (SELECT v.job_id FROM v WHERE v.id = {FLOW_STEPS}.id) "
+                "WHERE id IN (SELECT id FROM v)", [*params, StepState.QUEUED.value], using)
+
+
+FLOW_STEP_CHUNK = 1000  # rows of one statement: SQLite takes at most 32,766 parameters
