@@ -118,7 +118,9 @@ class PartitionLeases:
         for partition in counts.lost:
             logger.warning("partition lease lost partition=%s worker=%s", partition, self.worker_id)
 
-        live = store.workers_live(now, settings.PARTITION_LEASE_S)
+        # Only fast-lane workers share the partitions: a pod that runs only the long lane or
+        # the schedules must not shrink the fast workers' shares (leaving partitions unowned).
+        live = store.workers_live(now, settings.PARTITION_LEASE_S, lane="fast")
         owner_counts = store.partition_owner_counts(now)
         share = fair_share(settings.PARTITIONS, self.worker_id, live, owner_counts)
         if len(held) > share:

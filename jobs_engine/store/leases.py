@@ -95,10 +95,13 @@ def worker_delete(worker_id: str) -> None:
     execute(f"DELETE FROM {WORKERS} WHERE worker_id = %s", [worker_id])
 
 
-def workers_live(now: datetime, within_s: float) -> list[str]:
-    """Worker ids whose heartbeat is newer than ``within_s`` seconds."""
-    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s ORDER BY worker_id",
-                 [dt(now - timedelta(seconds=within_s))])
+def workers_live(now: datetime, within_s: float, lane: str | None = None) -> list[str]:
+    """Worker ids whose heartbeat is newer than ``within_s`` seconds; with ``lane``, only
+    those that run it (``lanes`` is a comma list, e.g. ``fast,long,schedules``)."""
+    lane_clause, lane_params = ("AND ',' || lanes || ',' LIKE %s", [f"%,{lane},%"]) \
+        if lane is not None else ("", [])
+    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s {lane_clause} "
+                 "ORDER BY worker_id", [dt(now - timedelta(seconds=within_s)), *lane_params])
     return [row[0] for row in rows]
 
 

@@ -89,6 +89,19 @@ def test_three_workers_split_22_21_21_with_one_owner_each(t0: datetime) -> None:
     assert [set(w.held()) for w in workers] == [held[w.worker_id] for w in workers]
 
 
+def test_workers_of_other_lanes_take_no_share_of_the_partitions(t0: datetime) -> None:
+    """One pod per lane: a long-lane and a schedules worker beat beside two fast ones; the
+    fast ones still split all 64 (with all four counted, each took 16 and 32 stayed
+    unowned)."""
+    store.worker_beat("long-only", t0, hostname="h", pid=1, lanes="long")
+    store.worker_beat("ticker", t0, hostname="h", pid=2, lanes="schedules")
+    a, b = worker("A"), worker("B")
+    beat_rounds([a, b], t0, 3)
+    held = owners()
+    assert {len(held[a.worker_id]), len(held[b.worker_id])} == {32}
+    assert set(held) == {a.worker_id, b.worker_id}
+
+
 def test_fair_share_numbers() -> None:
     assert fair_share(64, "a", ["a", "b"], {"a": 64, "b": 32}) == 32
     assert fair_share(64, "a", ["a", "b", "c"], {"b": 21, "c": 22}) == 22
