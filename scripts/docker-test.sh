@@ -56,7 +56,9 @@ docker build -q -f "$ROOT/docker/local/postgres.Dockerfile" --build-arg "BASE_IM
 KAFKA_LIB="$(bash "$ROOT/scripts/kafka.sh" classpath)"
 mkdir -p "$RUN_DIR/kafka"
 cp -r "${KAFKA_LIB%/\*}" "$RUN_DIR/kafka/lib"
-cp "$ROOT/docker/local/kafka.Dockerfile" "$ROOT/docker/local/kafka-entrypoint.sh" "$RUN_DIR/kafka/"
+cp "$ROOT/docker/local/kafka.Dockerfile" "$ROOT/docker/local/kafka-entrypoint.sh" \
+   "$ROOT/docker/local/kafka-topics.sh" "$ROOT/docker/local/kafka-console-consumer.sh" \
+   "$RUN_DIR/kafka/"
 docker build -q -f "$RUN_DIR/kafka/kafka.Dockerfile" --build-arg "BASE_IMAGE=$JRE" \
     -t jobs-engine-kafka:local "$RUN_DIR/kafka" >/dev/null
 
@@ -90,3 +92,39 @@ done
 note "healthy $((SECONDS - started)) s after up"
 compose ps >&2
 note "every container is up and healthy"
+
+note "200 order events through the web container (50 orders, 4 versions each)"
+compose exec -T web python manage.py enqueue_demo --orders 50 >&2
+sql() { compose exec -T postgres psql -U jobs -d jobs -Atc "$1"; }
+started=$SECONDS
+until [[ "$(sql "SELECT COUNT(*) FROM jobs_engine_job WHERE target = 'kafka:demo.orders'")" == 0 ]]; do
+    if (( SECONDS - started > 180 )); then
+        note "order events still waiting after 180 s"
+        sql "SELECT status, last_error, COUNT(*) FROM jobs_engine_job GROUP BY 1, 2" >&2
+        sql "SELECT owner, COUNT(*) FROM jobs_engine_partition GROUP BY owner" >&2
+        sql "SELECT target, reason FROM jobs_engine_targetpause" >&2
+        compose logs --tail 15 fast >&2
+        exit 1
+    fi
+    sleep 2
+done
+compose exec -T kafka /opt/kafka/bin/kafka-console-consumer.sh --bootstrap-server localhost:9092 \
+    --topic demo.orders --from-beginning --timeout-ms 20000 --property print.key=true \
+    >"$RUN_DIR/orders.txt" 2>/dev/null || true
+python3 - "$RUN_DIR/orders.txt" <<'PY'
+import json
+import sys
+
+seen = {}
+for line in open(sys.argv[1]):
+    if "\t" not in line:
+        continue
+    key, value = line.rstrip("\n").split("\t", 1)
+    seen.setdefault(key, []).append(json.loads(value)["version"])
+records = sum(len(versions) for versions in seen.values())
+twice = sum(len(v) - len(set(v)) for v in seen.values())
+out_of_order = [key for key, versions in seen.items() if versions != sorted(versions)]
+print(f"docker-test: {records} records on {len(seen)} keys in demo.orders, {twice} twice, "
+      f"{len(out_of_order)} keys out of order", file=sys.stderr)
+sys.exit(0 if (records, twice, out_of_order) == (200, 0, []) else 1)
+PY

@@ -5,5 +5,6 @@ ARG BASE_IMAGE=jobs-engine-jre:trixie
 FROM ${BASE_IMAGE}
 COPY lib /opt/kafka/lib
 COPY kafka-entrypoint.sh /usr/local/bin/
+COPY kafka-topics.sh kafka-console-consumer.sh /opt/kafka/bin/
 EXPOSE 9092 9093
 ENTRYPOINT ["/usr/local/bin/kafka-entrypoint.sh"]
