@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Smoke test of docker/ with a real Docker daemon: build the images, bring the whole system
-# up (PostgreSQL, Kafka, migrate, web, 3 fast, 2 long, 2 schedule workers), wait for health,
-# then take it down with its volumes. Starts its own dockerd (vfs, private socket) when no
+# up (PostgreSQL, Kafka, migrate, web, 3 fast, 2 long, 2 schedule workers), wait for health;
+# containers with bad settings exit 1 with one line; 200 order events and 2,000 events on 50
+# keys reach the topic once each, in order per key; a docker-killed fast worker's partitions
+# are taken over (2,000 more, none lost); scaled to 5 fast workers, the partitions rebalance
+# (2,000 more); then take it down with its volumes. Starts its own dockerd (vfs, private socket) when no
 # daemon answers, and stops it after. Images come from Debian's packages and the Kafka jars
 # (no registry is reachable here): see docker/local/.
 set -euo pipefail
@@ -93,25 +96,39 @@ note "healthy $((SECONDS - started)) s after up"
 compose ps >&2
 note "every container is up and healthy"
 
-note "200 order events through the web container (50 orders, 4 versions each)"
-compose exec -T web python manage.py enqueue_demo --orders 50 >&2
 sql() { compose exec -T postgres psql -U jobs -d jobs -Atc "$1"; }
-started=$SECONDS
-until [[ "$(sql "SELECT COUNT(*) FROM jobs_engine_job WHERE target = 'kafka:demo.orders'")" == 0 ]]; do
-    if (( SECONDS - started > 180 )); then
-        note "order events still waiting after 180 s"
-        sql "SELECT status, last_error, COUNT(*) FROM jobs_engine_job GROUP BY 1, 2" >&2
-        sql "SELECT owner, COUNT(*) FROM jobs_engine_partition GROUP BY owner" >&2
-        sql "SELECT target, reason FROM jobs_engine_targetpause" >&2
-        compose logs --tail 15 fast >&2
-        exit 1
-    fi
-    sleep 2
-done
-compose exec -T kafka /opt/kafka/bin/kafka-console-consumer.sh --bootstrap-server localhost:9092 \
-    --topic demo.orders --from-beginning --timeout-ms 20000 --property print.key=true \
-    >"$RUN_DIR/orders.txt" 2>/dev/null || true
-python3 - "$RUN_DIR/orders.txt" <<'PY'
+# Every partition leased, by exactly $1 live fast-lane workers, 64/$1 each (rounded either way).
+partitions_shared_by() {
+    sql "SELECT COUNT(*) = $1 AND SUM(n) = 64 AND MIN(n) >= 64 / $1 AND MAX(n) <= (63 + $1) / $1
+         FROM (SELECT COUNT(*) AS n FROM jobs_engine_partition p
+               JOIN jobs_engine_worker w ON w.worker_id = p.owner
+               WHERE p.lease_until > now() AND w.heartbeat_at > now() - interval '30 seconds'
+               GROUP BY p.owner) AS shares"
+}
+wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND prints t
+    local limit=$1 what=$2 started=$SECONDS
+    shift 2
+    until [[ "$("$@")" == t ]]; do
+        if (( SECONDS - started > limit )); then
+            note "$what: not after $limit s"
+            sql "SELECT status, last_error, COUNT(*) FROM jobs_engine_job GROUP BY 1, 2" >&2
+            sql "SELECT owner, COUNT(*), MAX(lease_until) FROM jobs_engine_partition GROUP BY 1" >&2
+            sql "SELECT worker_id, hostname, lanes, heartbeat_at FROM jobs_engine_worker" >&2
+            sql "SELECT target, reason FROM jobs_engine_targetpause" >&2
+            compose logs --tail 15 fast >&2
+            exit 1
+        fi
+        sleep 1
+    done
+    note "$what ($((SECONDS - started)) s)"
+}
+drained() { sql "SELECT COUNT(*) = 0 FROM jobs_engine_job WHERE target = 'kafka:demo.orders'"; }
+# The topic read back from the start: $1 records, each (key, version) once, per key in order.
+check_topic() {
+    compose exec -T kafka /opt/kafka/bin/kafka-console-consumer.sh \
+        --bootstrap-server localhost:9092 --topic demo.orders --from-beginning \
+        --timeout-ms 8000 --property print.key=true >"$RUN_DIR/orders.txt" 2>/dev/null || true
+    python3 - "$RUN_DIR/orders.txt" "$1" <<'PY'
 import json
 import sys
 
@@ -124,7 +141,69 @@ for line in open(sys.argv[1]):
 records = sum(len(versions) for versions in seen.values())
 twice = sum(len(v) - len(set(v)) for v in seen.values())
 out_of_order = [key for key, versions in seen.items() if versions != sorted(versions)]
-print(f"docker-test: {records} records on {len(seen)} keys in demo.orders, {twice} twice, "
-      f"{len(out_of_order)} keys out of order", file=sys.stderr)
-sys.exit(0 if (records, twice, out_of_order) == (200, 0, []) else 1)
+print(f"docker-test: {records} records on {len(seen)} keys in demo.orders (expected "
+      f"{sys.argv[2]}), {twice} twice, {len(out_of_order)} keys out of order", file=sys.stderr)
+sys.exit(0 if (records, twice, out_of_order) == (int(sys.argv[2]), 0, []) else 1)
 PY
+}
+load() {  # load N: N events on 50 keys, enqueued through the web container
+    compose exec -T web python manage.py enqueue_demo --events 0 --orders 0 --load "$1" \
+        --keys 50 >&2
+}
+
+# A container that cannot serve exits 1 with one line naming the problem (and no traceback).
+bad_start() {  # bad_start EXPECTED ROLE [docker run options...]
+    local expected=$1 role=$2 out rc=0 lines
+    shift 2
+    out="$(docker run --rm --network "${PROJECT}_default" "$@" "$APP_IMAGE" "$role" 2>&1)" \
+        || rc=$?
+    lines="$(printf '%s\n' "$out" | grep -c .)"
+    if [[ $rc != 1 || $lines != 1 || "$out" != *"$expected"* ]]; then
+        note "$role with a bad setting: exit $rc, $lines line(s), expected 1 line: $expected"
+        printf '%s\n' "$out" >&2
+        exit 1
+    fi
+    note "$role: exit 1: $out"
+}
+secret=(-e "DJANGO_SECRET_KEY=$DJANGO_SECRET_KEY")
+sql "CREATE DATABASE unmigrated" >/dev/null
+bad_start "DATABASE_URL is not set" fast "${secret[@]}"
+bad_start "DJANGO_SECRET_KEY is not set" web -e DATABASE_URL=postgres://jobs:jobs@postgres/jobs
+bad_start "cannot connect to the database" fast "${secret[@]}" \
+    -e DATABASE_URL=postgres://jobs:jobs@nowhere.invalid:5432/jobs
+bad_start "password authentication failed" web "${secret[@]}" \
+    -e DATABASE_URL=postgres://jobs:wrong@postgres:5432/jobs
+bad_start "the database is not migrated" web "${secret[@]}" \
+    -e DATABASE_URL=postgres://jobs:jobs@postgres:5432/unmigrated
+bad_start "the database is not migrated" schedules "${secret[@]}" \
+    -e DATABASE_URL=postgres://jobs:jobs@postgres:5432/unmigrated
+[[ "$(compose exec -T postgres psql -U jobs -d unmigrated -Atc \
+      "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'")" == 0 ]] \
+    || { note "a refused start wrote tables"; exit 1; }
+
+wait_for 60 "3 fast-lane workers share the 64 partitions" partitions_shared_by 3
+note "200 order events (50 orders, 4 versions each) and 2,000 events on 50 keys"
+compose exec -T web python manage.py enqueue_demo --orders 50 >&2
+load 2000
+wait_for 180 "delivered" drained
+check_topic 2200
+
+victim="$(compose ps -q fast | head -1)"
+victim_worker="$(sql "SELECT worker_id FROM jobs_engine_worker
+                      WHERE hostname = '$(docker inspect -f '{{.Config.Hostname}}' "$victim")'")"
+note "docker kill $victim_worker, then 2,000 more events on 50 new keys"
+docker kill "$victim" >/dev/null
+load 2000
+wait_for 120 "its partitions taken over by the 2 others" partitions_shared_by 2
+wait_for 180 "delivered" drained
+[[ "$(sql "SELECT COUNT(*) FROM jobs_engine_partition WHERE owner = '$victim_worker'")" == 0 ]] \
+    || { note "the killed worker still owns partitions"; exit 1; }
+check_topic 4200
+
+note "scale the fast lane to 5 workers, then 2,000 more events"
+compose up -d --no-recreate --scale fast=5 --scale long=2 --scale schedules=2 >&2
+wait_for 120 "5 fast-lane workers share the 64 partitions" partitions_shared_by 5
+load 2000
+wait_for 180 "delivered" drained
+check_topic 6200
+note "passed in $SECONDS s"

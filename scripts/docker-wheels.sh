@@ -4,7 +4,9 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
-rm -rf "$ROOT/docker/wheels"
+# setuptools' scratch folder: a stale one would put deleted modules into the wheel.
+rm -rf "$ROOT/docker/wheels" "$ROOT/build"
 "$PY" -m pip wheel -q --wheel-dir "$ROOT/docker/wheels" \
     "$ROOT[postgres,api,metrics,kafka]" gunicorn
+rm -rf "$ROOT/build"
 ls "$ROOT/docker/wheels" | wc -l

@@ -1,3 +1,0 @@
-"""The worker side: a worker process (``worker``) runs the fast lane (``fast``), the long
-lane (``long``) and companion services under partition leases (``leases``); every handler
-result goes through the one outcome path (``outcomes``). See docs/architecture.md."""
