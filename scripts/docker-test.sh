@@ -19,6 +19,7 @@ for tool in dockerd:docker.io docker-compose:docker-compose debootstrap:debootst
 done
 if (( ${#missing[@]} )); then
     note "installing ${missing[*]} with apt-get"
+    apt-get update -qq >&2
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >&2
 fi
 
