@@ -12,7 +12,7 @@ Four families, each named for the condition:
   ``OperationRefused`` and below it ``NotFound`` (``JobNotFound``, ``ScheduleNotFound``),
   ``InvalidStatus`` and ``schedules``' ``InvalidCron``;
 - configuration: ``InvalidSettings`` (also an ``ImproperlyConfigured``) and
-  ``WorkerUnableToStart``.
+  ``DatabaseNotReady``.
 """
 
 from __future__ import annotations
@@ -186,6 +186,7 @@ class InvalidSettings(JobsEngineError, ImproperlyConfigured):
     """A setting that cannot work; the system checks report it at start-up."""
 
 
-class WorkerUnableToStart(JobsEngineError):
-    """The database cannot be reached or is not migrated when a worker starts: one clear
-    line and a non-zero exit, rather than a worker that looks alive and does nothing."""
+class DatabaseNotReady(JobsEngineError):
+    """The database cannot be reached or is not migrated when a process starts (a worker,
+    or ``check_ready`` before a web server): one clear line and a non-zero exit, rather than
+    a process that looks alive and does nothing or fails every request."""

@@ -2,10 +2,11 @@
 # The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the
 # portability check, tests on PostgreSQL (unit, db, real processes, Kafka, browser,
 # the host-project install), then the unit/db tests again on SQLite with the newest
-# Django and with Django 5.2 LTS.
+# Django and with Django 5.2 LTS, then docker/ (scripts/docker-test.sh).
 #
 #   scripts/test.sh [pytest args...]     (args go to both pytest runs)
 #   KEEP_PG=1 scripts/test.sh            keep a postgres we started running
+#   JOBS_DOCKER_TEST=off scripts/test.sh  without the docker/ smoke test
 #
 # Every step runs even if an earlier one failed, so one run shows all
 # breakage; the exit status is non-zero if any step failed. pytest's exit
@@ -74,6 +75,12 @@ if PY52="$(JOBS_VENV=.venv-django5.2 JOBS_DJANGO='Django>=5.2,<5.3' \
         env -u DATABASE_URL "$PY52" -m pytest -p no:cacheprovider tests/unit tests/db "$@"
 else
     NAMES+=("pytest (sqlite, Django 5.2)"); CODES+=("its venv could not be made")
+fi
+
+# docker/ with a real Docker daemon (about 7 minutes with nothing cached): the full run only,
+# not when pytest arguments pick a subset. JOBS_DOCKER_TEST=off leaves it out.
+if (( $# == 0 )) && [[ "${JOBS_DOCKER_TEST:-on}" != off ]]; then
+    step "docker (scripts/docker-test.sh)" bash "$ROOT/scripts/docker-test.sh"
 fi
 
 echo "=== summary"

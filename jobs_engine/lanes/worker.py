@@ -25,7 +25,6 @@ from django.db import connection
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
-from jobs_engine.errors import WorkerUnableToStart
 from jobs_engine.lanes.clock import trust_s
 from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
@@ -33,6 +32,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.lanes.retention import RetentionService
+from jobs_engine.readiness import check_database, unreachable
 from jobs_engine.states import Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -234,21 +234,16 @@ class WorkerProcess:
 
     def start(self) -> None:
         """Reach the database, check its schema, seed the partitions and beat once; a
-        database that cannot be reached or is not migrated raises ``WorkerUnableToStart``."""
+        database that cannot be reached or is not migrated raises ``DatabaseNotReady``."""
+        check_database()
         try:
-            unapplied = unapplied_migrations()
-            if unapplied:
-                raise WorkerUnableToStart(
-                    f"the database is not migrated ({len(unapplied)} migration(s) not applied, "
-                    f"first {unapplied[0]}): run manage.py migrate first")
             self.wakeup = Wakeup(self.settings.NOTIFY, self.outages)
             store.partitions_seed(self.settings.PARTITIONS)
             self._beat()
         except Exception as exc:
             if not is_database_fault(exc):
                 raise
-            first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise WorkerUnableToStart(f"cannot reach the database: {first_line}") from None
+            raise unreachable(exc) from None
 
     def run(self) -> None:
         if self.wakeup is None:
@@ -365,13 +360,3 @@ class WorkerProcess:
                 self.outages.failed(exc, "shutdown")
                 failures += 1
                 time.sleep(backoff_s(failures))
-
-
-def unapplied_migrations() -> list[str]:
-    """The engine's migrations (and every other app's) not applied to the database."""
-    from django.db import DEFAULT_DB_ALIAS, connections
-    from django.db.migrations.executor import MigrationExecutor
-
-    executor = MigrationExecutor(connections[DEFAULT_DB_ALIAS])
-    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
-    return [f"{migration.app_label}.{migration.name}" for migration, _ in plan]

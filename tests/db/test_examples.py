@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.db import transaction
 
 from examples.models import Order
@@ -175,6 +176,32 @@ def test_the_demo_command_publishes_order_changes_through_the_service() -> None:
             (1, "new"), (2, "paid"), (3, "shipped"), (4, "delivered")]
         assert all(j.dedupe_key == f"order-status-changed:{n}:{j.version}" for j in jobs)
 
+
+
+@TRANSACTIONAL
+def test_the_demo_load_spreads_events_over_keys_with_growing_versions() -> None:
+    """``enqueue_demo --load N --keys K`` (scripts/docker-test.sh's load): N events
+    round-robin over K keys, each key's versions 1, 2, ... so a consumer can check order."""
+    out = io.StringIO()
+    call_command("enqueue_demo", events=0, orders=0, load=10, keys=3, stdout=out)
+    prefix = out.getvalue().split(" keys ")[1].split("-* ")[0]
+    rows = Job.objects.filter(key__startswith=f"{prefix}-").order_by("id")
+    by_key: dict[str, list[int]] = {}
+    for job in rows:
+        assert job.target == orders_target() and job.code == "load_event"
+        by_key.setdefault(job.key, []).append(job.version)
+    assert by_key == {f"{prefix}-1": [1, 2, 3, 4], f"{prefix}-2": [1, 2, 3],
+                      f"{prefix}-3": [1, 2, 3]}
+
+
+@pytest.mark.parametrize(("option", "value"), [("keys", 0), ("load", -1), ("orders", -2)])
+@TRANSACTIONAL
+def test_the_demo_command_refuses_a_bad_count_before_any_write(option: str, value: int
+                                                                ) -> None:
+    before = Job.objects.count()
+    with pytest.raises(CommandError, match=f"--{option} must be"):
+        call_command("enqueue_demo", **{option: value}, stdout=io.StringIO())
+    assert Job.objects.count() == before
 
 # -- no broker: the event waits -------------------------------------------------------------
 

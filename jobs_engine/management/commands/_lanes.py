@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from jobs_engine.conf import jobs_settings
-from jobs_engine.errors import WorkerUnableToStart
+from jobs_engine.errors import DatabaseNotReady
 from jobs_engine.lanes.worker import WorkerProcess
 
 
@@ -16,7 +16,7 @@ def run_lanes(command: BaseCommand, lanes: set[str]) -> None:
     worker = WorkerProcess(lanes)
     try:
         worker.start()
-    except WorkerUnableToStart as exc:  # one line and exit 1, not a traceback
+    except DatabaseNotReady as exc:  # one line and exit 1, not a traceback
         raise CommandError(f"worker {worker.worker_id} cannot start: {exc}") from None
     command.stdout.write(f"worker {worker.worker_id} running {', '.join(sorted(lanes))}")
     command.stdout.flush()

@@ -1,9 +1,11 @@
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
+from jobs_engine.errors import DatabaseNotReady
 from jobs_engine.lanes.worker import SCHEDULES
 from jobs_engine.management.commands._lanes import run_lanes
+from jobs_engine.readiness import check_database
 
 
 class Command(BaseCommand):
@@ -13,6 +15,10 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         from schedules.sync import sync_declared
 
+        try:  # before the sync, which would fail with a traceback
+            check_database()
+        except DatabaseNotReady as exc:
+            raise CommandError(f"cannot tick schedules: {exc}") from None
         changed = sync_declared()
         self.stdout.write(f"schedules synced ({changed} rows inserted or changed)")
         run_lanes(self, {SCHEDULES})

@@ -1,0 +1,165 @@
+"""docker/compose.yaml and docker/k8s/ name only what exists.
+
+The manifests are examples an operator copies, so nothing runs them here but
+scripts/docker-test.sh (compose, with a real daemon). These tests parse them and check
+that every role they start is one the image's entrypoint knows, every ``manage.py``
+command that role runs exists, every environment variable they set is one the project
+reads, every probe runs a file the image contains, and every worker's grace period covers
+a drain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.core.management import get_commands
+
+from jobs_engine.conf import JobsSettings
+from kafka_target.settings import ENV_KEYS
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+K8S = DOCKER / "k8s"
+ENTRYPOINT = (DOCKER / "entrypoint.sh").read_text()
+DOCKERFILE = (DOCKER / "Dockerfile").read_text()
+WORKER_ROLES = {"fast", "long", "schedules", "workers"}
+# A drain: a worker on SIGTERM finishes the rows in hand (docs/operations.md#commands).
+MIN_WORKER_GRACE_S = 120
+
+
+def manifests() -> list[dict[str, Any]]:
+    return [doc for path in sorted(K8S.glob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def pod_containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, container) of every workload in docker/k8s/."""
+    for doc in manifests():
+        if doc["kind"] in {"Deployment", "Job"}:
+            pod = doc["spec"]["template"]["spec"]
+            for container in pod["containers"]:
+                yield pod, container
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def entrypoint_roles() -> dict[str, str]:
+    """Each role of docker/entrypoint.sh and the shell text it runs."""
+    block = ENTRYPOINT.split('case "$role" in')[-1]
+    return {m[1]: m[2] for m in re.finditer(r"^\s{4}(\w+)\)\s+(.*?);;", block, re.M | re.S)}
+
+
+def read_env_names() -> set[str]:
+    """Environment variables the image's processes read."""
+    settings_py = (ROOT / "config" / "settings.py").read_text()
+    names = set(re.findall(r'(?:environ\.get|env_flag)\(\s*"([A-Z0-9_]+)"', settings_py))
+    names |= set(re.findall(r"\$\{?([A-Z][A-Z0-9_]+)", ENTRYPOINT))
+    names |= {f"JOBS_{field.name}" for field in dataclasses.fields(JobsSettings)}
+    names |= {f"JOBS_KAFKA_{key}" for key in ENV_KEYS}
+    return names
+
+
+def image_paths() -> set[str]:
+    """Files the final stage copies from the repository, as paths in the image."""
+    final = DOCKERFILE.split("\nFROM ")[-1]
+    paths = set()
+    for sources, dest in re.findall(r"^COPY (?!--from)(.+) (\S+)$", final, re.M):
+        for source in sources.split():
+            paths.add(dest.rstrip("/") + "/" + Path(source).name if dest.endswith("/")
+                      else dest)
+    return paths
+
+
+def test_the_entrypoint_runs_manage_py_commands_that_exist() -> None:
+    commands = get_commands()
+    ran = {role: re.findall(r"manage\.py (\w+)", text) for role, text in
+           entrypoint_roles().items()}
+    assert set(ran) >= WORKER_ROLES | {"web", "migrate"}
+    for role, names in ran.items():
+        for name in names:
+            assert name in commands, f"entrypoint role {role} runs unknown command {name}"
+
+
+def test_every_role_started_is_one_the_entrypoint_knows() -> None:
+    roles = set(entrypoint_roles())
+    started = [container["args"][0] for _, container in pod_containers()]
+    started += [service["command"][0] for name, service in compose()["services"].items()
+                if service.get("image", "").startswith("${APP_IMAGE")]
+    assert len(started) >= 10
+    assert set(started) <= roles, set(started) - roles
+
+
+def test_every_environment_variable_set_is_read() -> None:
+    read = read_env_names()
+    config_map = next(doc for doc in manifests() if doc["kind"] == "ConfigMap")
+    set_here = set(config_map["data"])
+    set_here |= {env["name"] for _, c in pod_containers() for env in c.get("env", [])}
+    set_here |= set(compose()["x-app"]["environment"])
+    # The secret the README and kustomization.yaml tell operators to create.
+    kustomization = (K8S / "kustomization.yaml").read_text()
+    secret = set(re.findall(r"--from-literal=([A-Z_]+)=", kustomization))
+    assert secret == {"DATABASE_URL", "DJANGO_SECRET_KEY", "JOBS_METRICS_TOKEN"}
+    assert set_here | secret <= read, (set_here | secret) - read
+
+
+def test_every_pod_reads_the_config_and_the_secret() -> None:
+    for _, container in pod_containers():
+        sources = {next(iter(ref)): ref[next(iter(ref))]["name"]
+                   for ref in container["envFrom"]}
+        assert sources == {"configMapRef": "jobs-engine", "secretRef": "jobs-engine"}
+
+
+def test_probes_run_a_file_the_image_contains() -> None:
+    in_image = image_paths()
+    probes = [container[probe]["exec"]["command"] for _, container in pod_containers()
+              for probe in ("livenessProbe", "readinessProbe") if probe in container]
+    assert len(probes) >= 5
+    for command in probes:
+        assert command[0] == "python" and command[1] in in_image, command
+    healthcheck = re.search(r'^HEALTHCHECK .*CMD \["python", "(\S+)"\]', DOCKERFILE,
+                            re.M | re.S)
+    assert healthcheck and healthcheck[1] in in_image
+
+
+def test_every_worker_has_a_heartbeat_probe_and_a_grace_period_above_a_drain() -> None:
+    workers = [(pod, c) for pod, c in pod_containers() if c["args"][0] in WORKER_ROLES]
+    assert {c["args"][0] for _, c in workers} == {"fast", "long", "schedules"}
+    for pod, container in workers:
+        assert pod["terminationGracePeriodSeconds"] >= MIN_WORKER_GRACE_S, container["name"]
+        assert "livenessProbe" in container and "resources" in container
+    services = compose()["services"]
+    for role in ("fast", "long", "schedules"):
+        grace = services[role]["stop_grace_period"]
+        assert int(grace.rstrip("s")) >= MIN_WORKER_GRACE_S
+
+
+def test_pods_run_as_the_images_user_with_resource_requests() -> None:
+    uid = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])
+    for pod, container in pod_containers():
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": uid}
+        assert set(container["resources"]["requests"]) == {"cpu", "memory"}
+        assert container["image"] == "jobs-engine-demo"
+
+
+def test_kustomization_lists_every_manifest() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+
+
+@pytest.mark.parametrize("service", ["web", "fast", "long", "schedules", "migrate"])
+def test_compose_app_services_wait_for_what_they_need(service: str) -> None:
+    spec = compose()["services"][service]
+    needs = spec["depends_on"]
+    if service == "migrate":
+        assert needs == {"postgres": {"condition": "service_healthy"}}
+    else:
+        assert needs == {"migrate": {"condition": "service_completed_successfully"}}
