@@ -26,6 +26,10 @@ BATCH = "bench.noop_batch"
 LONG = "bench.long_noop"
 LONG_EXCLUSIVE = "bench.long_exclusive"  # never enqueued: puts the exclusive clause in the plan
 LATENCY = "bench.latency"
+LATENCY_LONG = "bench.latency_long"  # the same probe on the long lane
+
+# The latency probe's target and worker command per lane (``workloads.latency_run``).
+LATENCY_BY_LANE = {"fast": (LATENCY, "run_fast_lane"), "long": (LATENCY_LONG, "run_long_lane")}
 
 LAT_FILE_ENV = "BENCH_LAT_FILE"
 
@@ -109,6 +113,7 @@ def register() -> None:
         (LONG, noop, {"lane": Lane.LONG}),
         (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
         (LATENCY, record_start, {"lane": Lane.FAST}),
+        (LATENCY_LONG, record_start, {"lane": Lane.LONG}),
     ]
     known = {t.name for t in registry.all_targets()}
     for name, handler, kwargs in specs:

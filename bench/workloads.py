@@ -131,21 +131,24 @@ def phase_long(o: Options) -> Metrics:
     return out
 
 
-def latency_run(o: Options, mode: str) -> tuple[float, float, int]:
-    """L: one idle fast worker; ``lat_n`` jobs at ``lat_rate``/s, each its own commit."""
+def latency_run(o: Options, mode: str, lane: str = "fast") -> tuple[float, float, int]:
+    """L: one idle worker of ``lane`` (``fast``: run_fast_lane, ``long``: run_long_lane);
+    ``lat_n`` jobs of its latency probe at ``lat_rate``/s, each its own commit."""
+    target, command = targets.LATENCY_BY_LANE[lane]
+    name = f"latency-{mode}" if lane == "fast" else f"latency-{lane}-{mode}"
     reset()
     o.logs.mkdir(parents=True, exist_ok=True)
-    lat_file = o.logs / f"latency-{mode}.task"
+    lat_file = o.logs / f"{name}.task"
     lat_file.unlink(missing_ok=True)
     env = {targets.LAT_FILE_ENV: str(lat_file)}
     if mode == "poll":
         env["JOBS_NOTIFY"] = "off"
     tag = uuid.uuid4().hex[:8]
     after: dict[str, float] = {}
-    workers = Workers(o, "run_fast_lane", 1, f"latency-{mode}", env)
+    workers = Workers(o, command, 1, name, env)
     with running(workers):
         warm = f"lat-warm-{tag}"
-        enqueue(targets.LATENCY, payload(-1), dedupe_key=warm)
+        enqueue(target, payload(-1), dedupe_key=warm)
         wait_for("warm-up job", lambda: warm in read_starts(lat_file), workers, timeout=60)
         time.sleep(2.0)  # idle and waiting
         started = time.perf_counter()
@@ -154,7 +157,7 @@ def latency_run(o: Options, mode: str) -> tuple[float, float, int]:
             if delay > 0:
                 time.sleep(delay)
             key = f"lat-{tag}-{i}"
-            enqueue(targets.LATENCY, payload(i), dedupe_key=key)
+            enqueue(target, payload(i), dedupe_key=key)
             after[key] = time.time()
         with contextlib.suppress(TimeoutError):
             wait_for("every job started", lambda: set(after) <= set(read_starts(lat_file)),

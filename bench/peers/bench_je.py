@@ -1,0 +1,99 @@
+"""The jobs-engine side of the peers bench: the project's own bench (bench/run.py and the
+modules it drives: bench/workloads.py, bench/harness.py) run from THIS checkout, phase by
+phase, so only the workloads of this comparison run. Its files (the workers' logs, the
+latency probes' files) go to PEERS_WORK/je-results, never into the checkout.
+
+  E100  workloads.phase_e100   (enqueue_many, 100 per transaction.atomic; also its raw
+        psycopg line in the same process)
+  E1    workloads.phase_e1     (enqueue per call, autocommit; also its raw psycopg line)
+  D1    harness.drain(..., count=1) with one worker process, as phase_d1 / phase_long do for
+        one worker: ``run_fast_lane`` on the at-most-once and the at-least-once per-row
+        no-op targets, ``run_long_lane`` on the long lane's no-op target
+  L     workloads.latency_run(o, "notify", lane): one idle worker, NOTIFY on, for the fast
+        lane (run_fast_lane) and the long lane (run_long_lane)
+
+Workers: settings defaults (bench.settings = the project's config.settings plus the bench
+targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WARNING.
+
+Usage (the checkout's venv python): bench_je.py [E100 E1 D1 L]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path[:0] = [str(HERE), str(REPO)]
+
+from common import (  # noqa: E402
+    D1_N,
+    DRAIN_POLL_S,
+    E1_N,
+    E100_N,
+    L_N,
+    L_RATE,
+    OURS,
+    WORK,
+    record,
+    url,
+)
+
+os.environ["DATABASE_URL"] = url("jobs_engine")
+os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
+
+from bench import run  # noqa: E402  (sets nothing up on import)
+
+FAST_AT_MOST_ONCE = f"{OURS} fast lane, at-most-once"
+FAST_AT_LEAST_ONCE = f"{OURS} fast lane, at-least-once"
+LONG = f"{OURS} long lane"
+
+
+def main(which: list[str]) -> None:
+    run.setup_django()
+    run.prepare()
+    from bench import harness, targets, workloads
+
+    o = harness.Options(e100_n=E100_N, e1_n=E1_N, d1_n=D1_N, long_n=D1_N, lat_n=L_N,
+                        lat_rate=L_RATE, poll_small=1_000, poll_big=1_000, poll_reps=1,
+                        log_level="WARNING", drain_poll_s=DRAIN_POLL_S,
+                        results_dir=Path(WORK) / "je-results")
+    one_worker = "1 {} process"
+    try:
+        for w in which:
+            if w == "E100":
+                r = workloads.phase_e100(o)
+                record(OURS, "E100", r["e100"], family=OURS, n=o.e100_n,
+                       raw_psycopg_same_process=r.get("e100_raw"), api="enqueue_many")
+            elif w == "E1":
+                r = workloads.phase_e1(o)
+                record(OURS, "E1", r["e1"], family=OURS, n=o.e1_n,
+                       raw_psycopg_same_process=r.get("e1_raw"), api="enqueue")
+            elif w == "D1":
+                for system, command, target, n in (
+                        (FAST_AT_MOST_ONCE, "run_fast_lane", targets.AT_MOST_ONCE, o.d1_n),
+                        (FAST_AT_LEAST_ONCE, "run_fast_lane", targets.AT_LEAST_ONCE, o.d1_n),
+                        (LONG, "run_long_lane", targets.LONG, o.long_n)):
+                    d = harness.drain(o, command, target, n, 1,
+                                      f"peers-d1-{target.split('.')[-1]}", lambda: True)
+                    record(system, "D1", d["rate"], family=OURS,
+                           d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
+                           drain_s=d["drain_s"], dead=d["dead"], n=n,
+                           concurrency=one_worker.format(command))
+            elif w == "L":
+                for system, lane in ((FAST_AT_MOST_ONCE, "fast"), (LONG, "long")):
+                    p50, p99, missing = workloads.latency_run(o, "notify", lane)
+                    record(system, "L", p50, family=OURS, p99=p99, missing=missing, n=o.lat_n,
+                           clock="CLOCK_REALTIME (time.time)", mode="notify",
+                           concurrency=one_worker.format(f"run_{lane}_lane"))
+            else:
+                raise SystemExit(f"unknown workload {w}")
+    finally:
+        harness.kill_all()
+        harness.reset()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["E100", "E1", "D1", "L"])
