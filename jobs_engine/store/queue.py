@@ -464,7 +464,7 @@ def jobs_fast_poll(
         "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
         f"SELECT {_COLUMNS}, {first_send} AND partition IN (SELECT partition FROM marked) "
         "FROM due ORDER BY next_run_at, id",
-        [*params, *markable_params, token, owner, dt(now), *markable_params],
+        [*params, *markable_params, token, owner, dt(now), *markable_params], prepare=True,
     )
     jobs = [_job(row) for row in fetched]
     marks: dict[int, list[int]] = {}
@@ -606,7 +606,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                     f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}",
                     [*(excl_params if exclusive_targets else []), Lane.LONG.value, _PENDING,
                      dt(now), *target_params, dt(now), *free_params, limit, RESERVE.target,
-                     token, owner, lease_until, *started_params, dt(now)])
+                     token, owner, lease_until, *started_params, dt(now)], prepare=True)
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
         else:
