@@ -148,7 +148,8 @@ class _Rollback(Exception):
 
 
 def long_candidate_sql() -> tuple[str, Any]:
-    """The long-lane reserve candidate SELECT, captured from ``store.jobs_long_reserve`` in a
+    """The long-lane reserve statement (on PostgreSQL one statement that picks and claims,
+    elsewhere its candidate SELECT), captured from ``store.jobs_long_reserve`` in a
     rolled-back transaction (so the EXPLAIN shows the statement the store really runs)."""
     captured: list[tuple[str, Any]] = []
     with contextlib.suppress(_Rollback), transaction.atomic():
@@ -157,7 +158,8 @@ def long_candidate_sql() -> tuple[str, Any]:
             exclusive_targets=[targets.LONG_EXCLUSIVE],
             targets=[targets.LONG, targets.LONG_EXCLUSIVE]))
         raise _Rollback
-    return next((q, p) for q, p in captured if q.lstrip().upper().startswith("SELECT J.ID"))
+    return next((q, p) for q, p in captured
+                if q.lstrip().upper().startswith(("WITH LOCKED", "SELECT J.ID")))
 
 
 def time_query(query: str, params: Any, reps: int) -> float:

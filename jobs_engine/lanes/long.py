@@ -32,7 +32,7 @@ from jobs_engine.lanes.clock import DatabaseClock
 from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
-from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.lanes.pauses import Gate, PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import Lane
 
@@ -101,47 +101,61 @@ class LongLane:
         free = self.free_slots()
         if free <= 0:
             return 0
-        gate = self.pauses.check(now, Lane.LONG)
         token = uuid.uuid4().hex
         # Only targets registered here: another release's rows wait for its own workers.
         mine = [t for t in all_targets() if t.lane is Lane.LONG and not t.lossy]
-        jobs = store.jobs_long_reserve(
+        # One statement reserves and starts the rows, skipping paused targets (no separate
+        # read of the pauses); rows of a target whose pause ran out come back unstarted.
+        reserved = store.jobs_long_reserve(
             self.worker_id, token, now, self.settings.LONG_LEASE_S, free,
             exclusive_targets=[t.name for t in mine if t.exclusive],
-            targets=sorted(t.name for t in mine if t.name not in gate.skip),
+            targets=sorted(t.name for t in mine), start=True,
         )
         self._next_due_at = None
-        if not jobs:
+        if not reserved:
             next_due = store.jobs_long_next_due([t.name for t in mine], now)
             if next_due is not None:
                 self._next_due_at = self._monotonic() + (next_due - now).total_seconds()
-        jobs, give_back, probes = self.pauses.probe_rows(jobs, gate, now)
-        for job in give_back:
-            store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
-                                        None, now)
-        if not jobs:
             return 0
-        started_at = clock()
-        earlier = store.jobs_long_mark_started([job.id for job in jobs],  # type: ignore[misc]
-                                               token, started_at)
-        started = 0
-        for job in jobs:
-            if job.id not in earlier:
-                logger.warning("long lane lost job %s before it started", job.id)
-                continue
+        started_at = now  # what the reserve wrote
+        ready = [(r.job, r.earlier_tries) for r in reserved if r.earlier_tries is not None]
+        probes = self._probe([r.job for r in reserved if r.earlier_tries is None], token, now,
+                             started_at, ready)
+        for job, earlier in ready:
             with self._lock:
                 self._in_hand[job.id] = token  # type: ignore[index]
                 self._running += 1
             args: tuple[Any, ...] = (job, token, clock, LongLaneTry(
-                self.worker_id, started_at, tuple(earlier[job.id])), job.target in probes)
+                self.worker_id, started_at, tuple(earlier)), job.target in probes)
             if self._pool is None:
                 self._run(*args)
             else:
                 future = self._pool.submit(self._run_in_thread, *args)
                 self._futures.add(future)
                 future.add_done_callback(self._futures.discard)
-            started += 1
-        return started
+        return len(ready)
+
+    def _probe(self, unstarted: list[Job], token: str, now: datetime, started_at: datetime,
+               ready: list[tuple[Job, list[dict[str, Any]]]]) -> frozenset[str]:
+        """Rows of targets whose pause ran out: the probe this worker wins of each is
+        started and added to ``ready``; the other rows go back untouched. Returns the
+        targets probed."""
+        if not unstarted:
+            return frozenset()
+        gate = Gate(skip=frozenset(), expired=frozenset(job.target for job in unstarted))
+        probe_rows, give_back, probes = self.pauses.probe_rows(unstarted, gate, now)
+        for job in give_back:
+            store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
+                                        None, now)
+        if probe_rows:
+            earlier = store.jobs_long_mark_started(
+                [job.id for job in probe_rows], token, started_at)  # type: ignore[misc]
+            for job in probe_rows:
+                if job.id in earlier:
+                    ready.append((job, earlier[job.id]))
+                else:
+                    logger.warning("long lane lost job %s before it started", job.id)
+        return probes
 
     def _database_now(self) -> datetime:
         if self._clock is None or self._monotonic() - self._clock.started > CLOCK_READ_EVERY_S:

@@ -131,28 +131,37 @@ def try_entry(worker_id: str, started_at: datetime, finished_at: datetime,
 
 def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
            settings: JobsSettings) -> list[RunResult]:
-    """Write every outcome under ``guard`` in one transaction, then report them; returns
-    the results whose write matched. A database fault raises before anything is written,
-    so the caller can write the same results again once the database is back."""
-    with transaction.atomic():
-        written = write(guard, results, now, settings)
+    """Write every outcome under ``guard`` in one transaction (none when the write is one
+    statement: ``grouped``), then report them; returns the results whose write matched. A
+    database fault raises before anything is written, so the caller can write the same
+    results again once the database is back."""
+    statements = grouped(results)
+    if statements.one_statement:
+        written = write(guard, results, now, settings, statements)
+    else:
+        with transaction.atomic():
+            written = write(guard, results, now, settings, statements)
     report(results, written, now)
     return written
 
 
-def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
-          settings: JobsSettings) -> list[RunResult]:
-    """The outcome statements, then the hourly statistics of the results whose write
-    matched, all in the caller's transaction; returns those results.
+class Grouped(NamedTuple):
+    """A write's outcomes as its statements take them.
 
-    A write that matches no row means the holder lost the row (lease taken over, or an
-    admin changed it): the result is reported as ``lost`` and nothing else happens.
+    ``done``: the successes per (target, is a flow step), or (None, False) for all those of
+    targets that keep none; each group is one statement. A flow's step jobs are all kept,
+    whatever their target's policy: they stay as long as their flow
+    (``FLOW_RETENTION_DAYS``). ``others``: one statement each. ``one_statement``: only
+    successes of one group, no flow step, and a database that adds their statistics in
+    the same statement (writable CTEs).
     """
-    written: list[RunResult] = []
-    # Completed jobs: those of targets that keep none in one statement, the others per
-    # target (each keeps its own newest ``keep_completed``).
-    # A flow's step jobs are all kept, whatever their target's policy: they stay as long
-    # as their flow (``FLOW_RETENTION_DAYS``).
+
+    done: dict[tuple[str | None, bool], list[RunResult]]
+    others: list[RunResult]
+    one_statement: bool
+
+
+def grouped(results: Sequence[RunResult]) -> Grouped:
     done: dict[tuple[str | None, bool], list[RunResult]] = defaultdict(list)
     others: list[RunResult] = []
     for result in results:
@@ -162,13 +171,32 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             done[(result.job.target, step) if keeps else (None, False)].append(result)
         else:
             others.append(result)
+    one = (not others and len(done) == 1 and not next(iter(done))[1]
+           and store.writable_ctes())
+    return Grouped(done, others, one)
+
+
+def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
+          settings: JobsSettings, statements: Grouped | None = None) -> list[RunResult]:
+    """The outcome statements, then the hourly statistics of the results whose write
+    matched, all in the caller's transaction (or, for ``one_statement``, in that one
+    statement); returns those results.
+
+    A write that matches no row means the holder lost the row (lease taken over, or an
+    admin changed it): the result is reported as ``lost`` and nothing else happens.
+    ``statements``: ``grouped(results)``, when the caller has it.
+    """
+    written: list[RunResult] = []
+    done, others, one_statement = statements or grouped(results)
+    hour = stat_hour(now)
     for (target, step), group in done.items():
         keep = (len(group) if step else 0 if target is None
                 else policy_for(target).keep_completed)
         matched = store.jobs_done(guard, [
             store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
                        now - timedelta(milliseconds=r.duration_ms), r.duration_ms, r.try_json)
-            for r in group], now, keep=keep)
+            for r in group], now, keep=keep,
+            count_as=(hour, OutcomeKind.OK.value) if one_statement else None)
         # A statement for a whole send reports only a count; a short one is rare (a
         # takeover raced us): the rows still in the table are the ones it did not match.
         if matched == len(group):
@@ -176,6 +204,8 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         else:
             remaining = _existing_ids([r.job.id for r in group])  # type: ignore[misc]
             written += [r for r in group if r.job.id not in remaining]
+    if one_statement:
+        return written
     for result in others:
         kind, job, outcome = result.outcome.kind, result.job, result.outcome
         assert job.id is not None
@@ -205,7 +235,6 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     # Last: the hourly bucket is the row every worker's outcomes update, locked from here
     # to the commit. A failure fails the whole write, which is then written again.
     if written:
-        hour = stat_hour(now)
         store.job_stats_add(Counter((hour, r.job.target, r.outcome.kind.value)
                                     for r in written))
     return written

@@ -13,6 +13,7 @@ liveness, in-flight marks, target pauses) is in ``leases``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -85,6 +86,7 @@ __all__ = [
     "FastPoll",
     "Guard",
     "NewJob",
+    "Reserved",
     "cut_error",
     "flow_steps_queued",
     "job_close_dead",
@@ -462,7 +464,7 @@ def jobs_fast_poll(
         "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
         f"SELECT {_COLUMNS}, {first_send} AND partition IN (SELECT partition FROM marked) "
         "FROM due ORDER BY next_run_at, id",
-        [*params, *markable_params, token, owner, dt(now), *markable_params],
+        [*params, *markable_params, token, owner, dt(now), *markable_params], prepare=True,
     )
     jobs = [_job(row) for row in fetched]
     marks: dict[int, list[int]] = {}
@@ -533,43 +535,92 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
     return [ClosedJob(r[0], r[1], r[2], r[3], RESCUE_REASON) for r in dead], released
 
 
+class Reserved(NamedTuple):
+    """A row the long lane reserved: the job, and its earlier tries (its ``tries`` entries)
+    when the reserve also marked it started, else None (its handler must not run before
+    ``jobs_long_mark_started`` says so)."""
+
+    job: Job
+    earlier_tries: list[dict[str, Any]] | None
+
+
 def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
-                      exclusive_targets: Sequence[str] = (), targets: Sequence[str]
-                      ) -> list[Job]:
+                      exclusive_targets: Sequence[str] = (), targets: Sequence[str],
+                      start: bool = False) -> list[Reserved]:
     """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
-    and a lease.
+    and a lease, in priority order, skipping targets whose pause has not run out.
+
+    ``start``: the rows of targets without any pause are also marked started, in the same
+    statement (their handlers run next; the reserve and the mark commit together, before
+    any of them can have an effect). A row of a target whose pause ran out is reserved but
+    not started: one of them may become the target's probe.
 
     Rows of an exclusive target also take ``running_code = code``; the unique partial
     index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
-    on any worker, and such a loser is simply not reserved. Without exclusive targets, on
-    PostgreSQL, one statement picks and claims the rows (one round trip, no transaction).
+    on any worker, and such a loser is simply not reserved. On PostgreSQL one statement
+    picks and claims the rows (one round trip, no transaction), the first due row of each
+    exclusive code among them; when another worker claimed one of those codes meanwhile,
+    the index fails that statement and the rows are reserved again one code at a time.
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
     target_clause, target_params = in_("j.target", targets)
-    if not exclusive_targets and writable_ctes():
-        rows = fetch(
-            f"WITH picked AS (SELECT j.id FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
-            f"AND j.next_run_at <= %s AND {target_clause} "
-            "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s FOR UPDATE SKIP LOCKED) "
-            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
-            "lease_until = %s, running_code = NULL, started_at = NULL, updated_at = %s "
-            f"FROM picked WHERE {JOBS}.id = picked.id "
-            f"RETURNING {', '.join(f'{JOBS}.{c}' for c in _JOB_COLUMNS)}, "
-            f"{JOBS}.priority, {JOBS}.next_run_at",
-            [Lane.LONG.value, _PENDING, dt(now), *target_params, limit, RESERVE.target, token,
-             owner, lease_until, dt(now)])
-        rows.sort(key=lambda row: (-row[14], row[15], row[0]))
-        return [_job(row) for row in rows]
-    order: dict[int, int] = {}
+    not_paused = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
+                  "AND p.paused_until > %s)")
+    started_at = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
+                  f"WHERE p.target = {JOBS}.target) THEN %s END")
+    started_params = [start, dt(now)]
+    returning = (f"{', '.join(f'{JOBS}.{c}' for c in _JOB_COLUMNS)}, {JOBS}.priority, "
+                 f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
+
+    def reserved(row: Sequence[Any]) -> Reserved:
+        started = row[16] is not None
+        return Reserved(_job(row), (read_json(row[17]) or []) if started else None)
+
     excl_clause, excl_params = in_("j.target", exclusive_targets)
-    reserved: list[Job] = []
+    # A candidate of an exclusive target whose code runs on some worker is not due.
+    free_code = (f"(NOT ({excl_clause}) OR NOT EXISTS (SELECT 1 FROM {JOBS} r "
+                 "WHERE r.status = %s AND r.running_code = j.code))")
+    free_params = [*excl_params, _RUNNING]
+    if writable_ctes():
+        # Locked candidates, then the first of each exclusive code (window functions may
+        # not share a level with FOR UPDATE).
+        # Inside a caller's transaction a savepoint keeps a refused statement from aborting
+        # it; in autocommit the statement is its own transaction (no BEGIN, no COMMIT).
+        alone = contextlib.nullcontext() if transaction.get_autocommit() else transaction.atomic()
+        try:
+            with alone:
+                rows = fetch(
+                    f"WITH locked AS (SELECT j.id, j.code, j.priority, j.next_run_at, "
+                    f"{excl_clause if exclusive_targets else 'false'} AS exclusive "
+                    f"FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+                    f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} "
+                    f"AND {free_code} ORDER BY j.priority DESC, j.next_run_at, j.id "
+                    "LIMIT %s FOR UPDATE SKIP LOCKED), "
+                    "picked AS (SELECT id, exclusive, code FROM (SELECT id, exclusive, code, "
+                    "row_number() OVER (PARTITION BY exclusive, CASE WHEN exclusive THEN code "
+                    "END ORDER BY priority DESC, next_run_at, id) AS nth FROM locked) AS l "
+                    "WHERE NOT exclusive OR nth = 1) "
+                    f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
+                    "lease_until = %s, running_code = CASE WHEN picked.exclusive "
+                    f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
+                    f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}",
+                    [*(excl_params if exclusive_targets else []), Lane.LONG.value, _PENDING,
+                     dt(now), *target_params, dt(now), *free_params, limit, RESERVE.target,
+                     token, owner, lease_until, *started_params, dt(now)], prepare=True)
+        except IntegrityError:
+            pass  # a code another worker claimed meanwhile: one code at a time below
+        else:
+            rows.sort(key=lambda row: (-row[14], row[15], row[0]))
+            return [reserved(row) for row in rows]
+    order: dict[int, int] = {}
+    found: list[Reserved] = []
     with transaction.atomic():
         candidates = fetch(
             f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
-            f"AND j.next_run_at <= %s AND {target_clause} AND (NOT ({excl_clause}) OR NOT EXISTS ("
-            f"SELECT 1 FROM {JOBS} r WHERE r.status = %s AND r.running_code = j.code)) "
+            f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} AND {free_code} "
             f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
-            [Lane.LONG.value, _PENDING, dt(now), *target_params, *excl_params, _RUNNING, limit],
+            [Lane.LONG.value, _PENDING, dt(now), *target_params, dt(now), *free_params,
+             limit],
         )
         order = {job_id: place for place, (job_id, _, _) in enumerate(candidates)}
         exclusive = set(exclusive_targets)
@@ -582,25 +633,25 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                 exclusive_rows.append((job_id, code))
         update = (
             f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
-            "running_code = %s, started_at = NULL, updated_at = %s WHERE {where} AND status = %s "
-            f"RETURNING {_COLUMNS}"
+            f"running_code = %s, started_at = {started_at}, updated_at = %s "
+            f"WHERE {{where}} AND status = %s RETURNING {returning}"
         )
         if plain_ids:
             clause, params = in_("id", plain_ids)
             rows = fetch(update.format(where=clause),
-                         [RESERVE.target, token, owner, lease_until, None, dt(now), *params,
-                          *RESERVE.source_values])
-            reserved += [_job(row) for row in rows]
+                         [RESERVE.target, token, owner, lease_until, None, *started_params,
+                          dt(now), *params, *RESERVE.source_values])
+            found += [reserved(row) for row in rows]
         for job_id, code in exclusive_rows:
             try:
                 with transaction.atomic():
                     rows = fetch(update.format(where="id = %s"),
-                                 [RESERVE.target, token, owner, lease_until, code, dt(now),
-                                  job_id, *RESERVE.source_values])
+                                 [RESERVE.target, token, owner, lease_until, code,
+                                  *started_params, dt(now), job_id, *RESERVE.source_values])
             except IntegrityError:
                 continue  # another worker runs this code right now
-            reserved += [_job(row) for row in rows]
-    return sorted(reserved, key=lambda job: order[job.id])  # type: ignore[index]
+            found += [reserved(row) for row in rows]
+    return sorted(found, key=lambda r: order[r.job.id])  # type: ignore[index]
 
 
 def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
@@ -695,7 +746,8 @@ def _tries_after(tried: str, tries: str = "tries") -> str:
     return f"CASE WHEN {tried} IS NULL THEN {tries} ELSE {json_append(tries, tried)} END"
 
 
-def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -> int:
+def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
+              count_as: tuple[datetime, str] | None = None) -> int:
     """Record the jobs of one send whose handler returned; returns how many rows matched.
 
     ``keep``: the target's ``keep_completed`` (0 for rows of targets that keep none). The
@@ -704,13 +756,29 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -
     here, append there), else two in the caller's transaction; the rest are deleted (the
     retention service would remove them next anyway: a send never copies more rows than
     its target keeps).
+
+    ``count_as`` (hour, outcome; only where writable CTEs allow): the same statement also
+    adds the rows it matched to the hourly statistics, so a write of successes is one
+    statement, atomic without a transaction (no BEGIN and COMMIT round trips).
     """
     if not done:
         return 0
     where, params = guard.match([(d.id, d.attempts) for d in done])
     kept = sorted(done, key=lambda d: d.id, reverse=True)[:keep]
+    counted, count_params = "", []
+    if count_as is not None:
+        assert writable_ctes(), "the statistics join the statement only through a CTE"
+        counted = (f", counted AS (INSERT INTO {JOB_STATS} (hour, target, outcome, count) "
+                   "SELECT %s, target, %s, COUNT(*) FROM moved GROUP BY target ORDER BY target "
+                   "ON CONFLICT (hour, target, outcome) "
+                   f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count RETURNING 1)")
+        count_params = [dt(count_as[0]), count_as[1]]
     if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
+        if counted:
+            return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING target)"
+                         f"{counted} SELECT COUNT(*) FROM moved",
+                         [*params, *count_params])[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
     results, result_params = table(
@@ -728,8 +796,9 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -
         return fetch(
             f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}), "
             f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
-            f"appended AS ({append.format(moved='moved')} RETURNING 1) "
-            "SELECT COUNT(*) FROM moved", [*result_params, *params, dt(now)])[0][0]
+            f"appended AS ({append.format(moved='moved')} RETURNING 1){counted} "
+            "SELECT COUNT(*) FROM moved",
+            [*result_params, *params, dt(now), *count_params])[0][0]
     execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
             + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
             [*result_params, dt(now), *params])

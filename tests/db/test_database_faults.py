@@ -223,7 +223,7 @@ def test_a_late_long_lane_outcome_replaces_a_rescue_presumed_dead(
 
     closed, _ = store.jobs_long_rescue_expired(now + 301 * SECOND)
     assert [c.id for c in closed] == [job_id]
-    result = outcomes.RunResult(reserved, outcomes.Outcome.ok(), 5.0)
+    result = outcomes.RunResult(reserved.job, outcomes.Outcome.ok(), 5.0)
     written = outcomes.record(store.Guard(Lane.LONG, "tok-a"), [result],
                               now + 302 * SECOND, settings)
     assert written == [result]

@@ -927,3 +927,21 @@ def test_a_row_enqueued_behind_a_retrying_head_starts_at_the_heads_retry_time(
     unrelated = enqueue("fl.born-held", None, key="other", version=1).job_id
     assert row(later).next_run_at == retry_at  # type: ignore[arg-type]
     assert row(unrelated).next_run_at < retry_at  # type: ignore[arg-type]
+
+
+def test_the_poll_keeps_its_plan_on_postgresql(targets: Any, t0: datetime) -> None:
+    """The poll's statement is prepared on the worker's connection (PostgreSQL plans it
+    once instead of at every poll, ~2 ms of a ~3 ms poll); the rows it reads are the same."""
+    delivered: list[int | None] = []
+    targets("fl.prepared", handler=lambda job: delivered.append(job.id))
+    worker = make_worker("A")
+    ids = []
+    for n in range(8):
+        ids.append(put("fl.prepared", t0))
+        assert worker.run(t0 + n * timedelta(milliseconds=1)) == 1
+    assert delivered == ids
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+                           "WHERE statement LIKE %s", ["WITH due AS MATERIALIZED%"])
+            assert cursor.fetchall() == [(8,)]

@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
 from jobs_engine import JobPolicy, store
 from jobs_engine.conf import JobsSettings, load_settings
@@ -167,7 +168,7 @@ def test_reserved_but_not_started_row_goes_back_to_pending(targets: Any, t0: dat
     """Not started means not sent: even an at-most-once row runs on the next worker."""
     target = targets("ll.unstarted", lane="long")
     job_id = put("ll.unstarted", t0)
-    assert [r.id for r in store.jobs_long_reserve("A", "tok", t0, 300, 10,
+    assert [r.job.id for r in store.jobs_long_reserve("A", "tok", t0, 300, 10,
                                                            targets=["ll.unstarted"])] == [job_id]
     b = long_worker("B")
     assert b.run_once(t0 + 299 * SECOND) == 0
@@ -216,7 +217,7 @@ def test_concurrent_reservations_reserve_every_row_once(targets: Any, now: datet
             got: list[int] = []
             while rows := store.jobs_long_reserve(owner, uuid.uuid4().hex, now, 300, 4,
                                                  targets=["ll.many"]):
-                got += [r.id for r in rows]
+                got += [r.job.id for r in rows]
             return got
 
         return run
@@ -270,12 +271,93 @@ def test_racing_workers_never_run_one_exclusive_code_twice(targets: Any, now: da
             owner, uuid.uuid4().hex, now, 300, 1, exclusive_targets=["ll.race"],
             targets=["ll.race"])
             for owner in ("A", "B")])
-        reserved = [r.id for rows in got for r in rows]
+        reserved = [r.job.id for rows in got for r in rows]
         running = list(JobModel.objects.filter(status=JobStatus.RUNNING).values_list(
             "id", "running_code"))
         assert len(reserved) == 1
         assert running == [(reserved[0], "nightly")]
         JobModel.objects.filter(id=reserved[0]).delete()  # that run finished
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_one_reserve_starts_plain_rows_and_the_first_row_of_each_exclusive_code(
+        targets: Any, now: datetime) -> None:
+    """With exclusive targets registered, PostgreSQL still reserves and starts the rows in
+    one statement (SQLite: one transaction); a second due row of a code stays PENDING."""
+    targets("ll.mixed.excl", lane="long", exclusive=True)
+    targets("ll.mixed.plain", lane="long")
+    nightly = [put("ll.mixed.excl", now, code="nightly") for _ in range(2)]
+    hourly = put("ll.mixed.excl", now, code="hourly")
+    plain = [put("ll.mixed.plain", now) for _ in range(2)]
+    statements: list[str] = []
+
+    def count(execute: Any, sql: str, *args: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(count):
+        got = store.jobs_long_reserve("A", "tok", now, 300, 10, targets=[
+            "ll.mixed.excl", "ll.mixed.plain"], exclusive_targets=["ll.mixed.excl"],
+            start=True)
+    assert sorted(r.job.id for r in got) == sorted([nightly[0], hourly, *plain])
+    assert all(r.earlier_tries == [] for r in got)
+    if connection.vendor == "postgresql":
+        assert len(statements) == 1
+    assert row(nightly[1]).status == JobStatus.PENDING
+    assert {(r.id, r.running_code) for r in JobModel.objects.filter(
+        status=JobStatus.RUNNING, started_at=now)} == {
+        (nightly[0], "nightly"), (hourly, "hourly"), (plain[0], None), (plain[1], None)}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_code_claimed_by_another_worker_meanwhile_is_skipped_not_fatal(
+        targets: Any, now: datetime) -> None:
+    """Another worker's transaction makes a row of the code RUNNING after this reserve
+    read its candidates: the unique index refuses the one-statement reserve, which then
+    reserves one code at a time and leaves the taken code alone."""
+    targets("ll.meanwhile", lane="long", exclusive=True)
+    targets("ll.meanwhile.plain", lane="long")
+    taken = put("ll.meanwhile", now, code="nightly")
+    waiting = put("ll.meanwhile", now, code="nightly")
+    plain = put("ll.meanwhile.plain", now)
+    other_started = threading.Event()
+    release = threading.Event()
+
+    def other_worker() -> None:  # claims ``taken`` and commits while our reserve waits
+        with transaction.atomic():
+            JobModel.objects.filter(id=taken).update(status=JobStatus.RUNNING,
+                                                     running_code="nightly")
+            other_started.set()
+            # SQLite runs the steps in turn (one writer): nothing to wait for there.
+            release.wait(timeout=10 if connection.vendor == "postgresql" else 0)
+
+    def ours() -> list[store.Reserved]:
+        assert other_started.wait(timeout=10)
+        threading.Timer(0.3, release.set).start()  # commits while our UPDATE waits on it
+        return store.jobs_long_reserve("A", "tok", now, 300, 10,
+                                       targets=["ll.meanwhile", "ll.meanwhile.plain"],
+                                       exclusive_targets=["ll.meanwhile"], start=True)
+
+    _, got = race(other_worker, ours)
+    assert [r.job.id for r in got] == [plain]
+    assert row(waiting).status == JobStatus.PENDING
+    assert row(taken).status == JobStatus.RUNNING
+
+
+def test_a_paused_targets_rows_are_not_reserved_and_an_expired_ones_are_not_started(
+        targets: Any, now: datetime) -> None:
+    """The pause read is part of the reserve: a paused target's rows stay PENDING; rows of
+    a target whose pause ran out come back reserved but unstarted (a probe candidate)."""
+    targets("ll.paused", lane="long")
+    targets("ll.expired", lane="long")
+    paused, expired = put("ll.paused", now), put("ll.expired", now)
+    store.pause_set("ll.paused", now, 60, "down")
+    store.pause_set("ll.expired", now - MINUTE, 30, "was down")
+    got = store.jobs_long_reserve("A", "tok", now, 300, 10,
+                                  targets=["ll.expired", "ll.paused"], start=True)
+    assert [(r.job.id, r.earlier_tries) for r in got] == [(expired, None)]
+    assert row(paused).status == JobStatus.PENDING
+    assert (row(expired).status, row(expired).started_at) == (JobStatus.RUNNING, None)
 
 
 # -- outcomes on the long lane ------------------------------------------------------------------

@@ -247,7 +247,7 @@ def test_cancel_removes_a_long_row_reserved_but_not_started(targets: Any, user: 
     targets("ops.cancel.long", lane="long")
     job = make_job("ops.cancel.long")
     [reserved] = store.jobs_long_reserve("w1", "tok", now, 300, 10, targets=["ops.cancel.long"])
-    assert reserved.id == job.id
+    assert reserved.job.id == job.id
 
     removed = actions.cancel_job(job.id, user)
 

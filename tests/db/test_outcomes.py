@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 
 from jobs_engine import RUN_ONCE_POLICY, JobPolicy, conf, store
 from jobs_engine.enqueueing import enqueue
@@ -24,8 +25,8 @@ from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.models import CompletedJob, JobStat, TargetPause
 from jobs_engine.models import Job as JobModel
-from jobs_engine.models import TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus
 from tests.helpers import FakeMonotonic
 
@@ -91,6 +92,36 @@ def paused(target: str) -> TargetPause | None:
 @pytest.mark.parametrize("lane", LANES)
 def test_returns_deletes_the_row_when_the_policy_keeps_none(run_one: Any, lane: str) -> None:
     assert run_one(lane, lambda job: None, policy=JobPolicy(keep_completed=0)) is None
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+@pytest.mark.parametrize("keep", [0, 5])
+def test_successes_of_one_target_are_written_in_one_statement_with_their_statistics(
+        targets: Any, t0: datetime, keep: int) -> None:
+    """PostgreSQL: the move (or delete) and the hourly statistics are one statement, with
+    no transaction around it; SQLite: one transaction. Either way the counts are right."""
+    name = f"oc.one.{keep}"
+    targets(name, handler=lambda job: None, lane="long", policy=JobPolicy(keep_completed=keep))
+    ids = [enqueue(name, {"n": n}, run_at=t0).job_id for n in range(3)]
+    lane = LongLane("one-statement", conf.jobs_settings(), PauseGate("one-statement",
+                    conf.jobs_settings()), threads=False, monotonic=FakeMonotonic())
+    writes: list[tuple[str, bool]] = []
+
+    def count(execute: Any, sql: str, *args: Any) -> Any:
+        if "jobs_engine_jobstat" in sql:  # the outcome write: stats join it on PostgreSQL
+            writes.append((sql.split()[0], transaction.get_autocommit()))
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(count):
+        assert lane.run_once(t0) == 3
+    assert not JobModel.objects.filter(id__in=ids).exists()
+    assert JobStat.objects.get(target=name, outcome="ok").count == 3
+    # Without threads each job's outcome is written as its handler returns: three writes.
+    if connection.vendor == "postgresql":
+        assert writes == [("WITH", True)] * 3
+    else:
+        assert writes == [("INSERT", False)] * 3
+    assert CompletedJob.objects.filter(target=name).count() == min(keep, 3)
 
 
 @pytest.mark.parametrize("lane", LANES)
