@@ -36,7 +36,7 @@ from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes import outcomes
-from jobs_engine.lanes.clock import DatabaseClock
+from jobs_engine.lanes.clock import DatabaseClock, DatabaseTime
 from jobs_engine.lanes.handlers import Handed, call_batch_handler, call_handler
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.outage import is_database_fault
@@ -87,6 +87,7 @@ class FastLane:
         self.leases = leases
         self.pauses = pauses
         self._monotonic = monotonic
+        self._time = DatabaseTime(store.db_now, monotonic)
         self._next_backlog_walk = 0.0  # monotonic time of the next whole-backlog walk
         # Polls whose outcomes a database fault kept from being written, by token (the main
         # thread writes them; the heartbeat thread reads the tokens).
@@ -106,7 +107,7 @@ class FastLane:
         held = self.leases.held()
         if not held:
             return 0
-        now = now or store.db_now()
+        now = now or self._time.now()
         clock = DatabaseClock(now, self._monotonic)
         gate = self.pauses.check(now, Lane.FAST)
         # Only targets registered here: another release's rows wait for its own workers.

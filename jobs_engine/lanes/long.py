@@ -28,7 +28,7 @@ from jobs_engine.conf import JobsSettings
 from jobs_engine.context import LongLaneTry, try_context
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
-from jobs_engine.lanes.clock import DatabaseClock
+from jobs_engine.lanes.clock import DatabaseClock, DatabaseTime
 from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
@@ -41,9 +41,6 @@ logger = logging.getLogger("jobs_engine")
 # Expired leases are looked for at most this often (database time): a lease is minutes, and
 # a busy lane polls hundreds of times a second.
 RESCUE_EVERY = timedelta(seconds=1)
-# The database's clock is asked at most this often; in between it is moved on by the
-# monotonic clock (``DatabaseClock``), instead of a round trip at every poll.
-CLOCK_READ_EVERY_S = 1.0
 
 
 class LongLane:
@@ -68,7 +65,7 @@ class LongLane:
         self._futures: set[Future[None]] = set()
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
         self._rescued_at: datetime | None = None
-        self._clock: DatabaseClock | None = None
+        self._time = DatabaseTime(store.db_now, monotonic)
         self._running = 0  # rows whose handler has not returned (in hand: until written)
         # Outcomes to write: (claim token, result, probe, clock), None to stop the writer.
         self._outcomes: queue.SimpleQueue[tuple[str, RunResult, bool, DatabaseClock] | None] = (
@@ -95,7 +92,7 @@ class LongLane:
 
     def run_once(self, now: datetime | None = None) -> int:
         """Rescue expired leases, then reserve and start rows; returns rows started."""
-        now = now or self._database_now()
+        now = now or self._time.now()
         clock = DatabaseClock(now, self._monotonic)
         self._rescue(now)
         free = self.free_slots()
@@ -156,11 +153,6 @@ class LongLane:
                 else:
                     logger.warning("long lane lost job %s before it started", job.id)
         return probes
-
-    def _database_now(self) -> datetime:
-        if self._clock is None or self._monotonic() - self._clock.started > CLOCK_READ_EVERY_S:
-            self._clock = DatabaseClock(store.db_now(), self._monotonic)
-        return self._clock()
 
     def _rescue(self, now: datetime) -> None:
         """Rows whose lease expired: at-most-once ones that started go DEAD, the others

@@ -945,3 +945,29 @@ def test_the_poll_keeps_its_plan_on_postgresql(targets: Any, t0: datetime) -> No
             cursor.execute("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
                            "WHERE statement LIKE %s", ["WITH due AS MATERIALIZED%"])
             assert cursor.fetchall() == [(8,)]
+
+
+def test_polls_ask_the_database_for_the_time_once_a_second(targets: Any, now: datetime
+                                                           ) -> None:
+    """A worker's polls (no decision time given, as in a worker) read the database's clock
+    once and move it on with the monotonic clock; a second later they read it again."""
+    targets("fl.clock", handler=lambda job: None)
+    worker = make_worker("A")
+    worker.leases.heartbeat(store.db_now())
+    reads: list[str] = []
+
+    def count(execute: Any, sql: str, *args: Any) -> Any:
+        if sql == "SELECT clock_timestamp()":
+            reads.append(sql)
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(count):
+        for _ in range(3):
+            put("fl.clock", now - 60 * SECOND)
+            assert worker.lane.run_once() == 1
+            worker.clock.advance(0.3)
+        assert len(reads) == (1 if connection.vendor == "postgresql" else 0)
+        worker.clock.advance(0.2)
+        put("fl.clock", now - 60 * SECOND)
+        assert worker.lane.run_once() == 1
+    assert len(reads) == (2 if connection.vendor == "postgresql" else 0)
