@@ -84,7 +84,8 @@ def record(system: str, metric: str, value: float, *, family: str, defaults: boo
 
 
 def pct(vals: list[float], p: float) -> float:
-    """Linear-interpolated percentile (as the jobs engine's bench computes it)."""
+    """Linear-interpolated percentile, as ``bench.harness.pct`` computes it (copied: the
+    peers' Python runs without Django, which ``bench.harness`` imports)."""
     vals = sorted(vals)
     if not vals:
         return float("nan")

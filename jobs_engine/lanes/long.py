@@ -116,8 +116,9 @@ class LongLane:
             return 0
         started_at = now  # what the reserve wrote
         ready = [(r.job, r.earlier_tries) for r in reserved if r.earlier_tries is not None]
-        probes = self._probe([r.job for r in reserved if r.earlier_tries is None], token, now,
-                             started_at, ready)
+        probed, probes = self._probe([r.job for r in reserved if r.earlier_tries is None],
+                                     token, now, started_at)
+        ready += probed
         for job, earlier in ready:
             with self._lock:
                 self._in_hand[job.id] = token  # type: ignore[index]
@@ -132,27 +133,28 @@ class LongLane:
                 future.add_done_callback(self._futures.discard)
         return len(ready)
 
-    def _probe(self, unstarted: list[Job], token: str, now: datetime, started_at: datetime,
-               ready: list[tuple[Job, list[dict[str, Any]]]]) -> frozenset[str]:
+    def _probe(self, unstarted: list[Job], token: str, now: datetime, started_at: datetime
+               ) -> tuple[list[tuple[Job, list[dict[str, Any]]]], frozenset[str]]:
         """Rows of targets whose pause ran out: the probe this worker wins of each is
-        started and added to ``ready``; the other rows go back untouched. Returns the
-        targets probed."""
+        started; the other rows go back untouched. Returns the started probes with their
+        earlier tries, and the targets probed."""
         if not unstarted:
-            return frozenset()
+            return [], frozenset()
         gate = Gate(skip=frozenset(), expired=frozenset(job.target for job in unstarted))
         probe_rows, give_back, probes = self.pauses.probe_rows(unstarted, gate, now)
         for job in give_back:
             store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
                                         None, now)
+        started: list[tuple[Job, list[dict[str, Any]]]] = []
         if probe_rows:
             earlier = store.jobs_long_mark_started(
                 [job.id for job in probe_rows], token, started_at)  # type: ignore[misc]
             for job in probe_rows:
                 if job.id in earlier:
-                    ready.append((job, earlier[job.id]))
+                    started.append((job, earlier[job.id]))
                 else:
                     logger.warning("long lane lost job %s before it started", job.id)
-        return probes
+        return started, probes
 
     def _rescue(self, now: datetime) -> None:
         """Rows whose lease expired: at-most-once ones that started go DEAD, the others
