@@ -189,7 +189,9 @@ load 2000
 wait_for 180 "delivered" drained
 check_topic 2200
 
-victim="$(compose ps -q fast | head -1)"
+# Not "| head -1": head exits early, compose gets SIGPIPE, and pipefail fails the script.
+mapfile -t fast_containers < <(compose ps -q fast)
+victim="${fast_containers[0]}"
 victim_worker="$(sql "SELECT worker_id FROM jobs_engine_worker
                       WHERE hostname = '$(docker inspect -f '{{.Config.Hostname}}' "$victim")'")"
 note "docker kill $victim_worker, then 2,000 more events on 50 new keys"
