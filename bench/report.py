@@ -288,8 +288,8 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "target.")
     if measured("poll:"):
         out.append(
-            "- Poll cost: store.jobs_fast_due, partitions 0-20 held, limit 100, after VACUUM "
-            "ANALYZE; plans in "
+            "- Poll cost: the worker's poll statement (store.jobs_fast_poll, prepared, its "
+            "generic plan), partitions 0-20, limit 100, after VACUUM ANALYZE; plans in "
             f"{shown(o.results_dir / 'explain_fast_poll.txt')}.")
     if measured("policy"):
         out.append(

@@ -22,6 +22,9 @@ class JobsSettings:
     PARTITIONS: int = 64
     FAST_BATCH: int = 100
     LONG_BATCH: int = 10
+    # Rows per long-lane thread a worker reserves while its handlers are short (under
+    # 10 ms on average): one statement then starts and ends more of them. 1: one per thread.
+    LONG_PREFETCH: int = 4
     POLL_S: float = 1
     IDLE_POLL_S: tuple[float, ...] = (1, 2, 5)
     PARTITION_LEASE_S: float = 30
@@ -71,7 +74,7 @@ class JobsSettings:
         if found:
             return found
         positive = (
-            "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "POLL_S", "RETENTION_S",
+            "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "LONG_PREFETCH", "POLL_S", "RETENTION_S",
             "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S", "LONG_HEARTBEAT_S",
             "PROBE_S", "TICK_S", "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH", "MAX_CODE_LENGTH",
         )

@@ -1,8 +1,9 @@
 """The long lane: leased rows for handlers that run for minutes.
 
 ``run_once`` first rescues rows whose lease expired (their worker died or stalled; at most
-once a second), then reserves up to ``LONG_BATCH`` rows under a claim token, marks them
-started in one statement and hands each to a thread. The heartbeat renews the leases of
+once a second), then reserves up to ``LONG_BATCH`` rows (``LONG_PREFETCH`` times that while
+handlers are short: ``slots``) under a claim token, marks them started in one statement and
+hands each to a thread. The heartbeat renews the leases of
 rows in hand; every write of a row's outcome is guarded on its claim token, so a worker
 that lost a row cannot finish it. Outcomes are group-committed by one writer thread: what
 the handlers returned while it wrote the last outcomes goes in its next transaction, so a
@@ -41,6 +42,10 @@ logger = logging.getLogger("jobs_engine")
 # Expired leases are looked for at most this often (database time): a lease is minutes, and
 # a busy lane polls hundreds of times a second.
 RESCUE_EVERY = timedelta(seconds=1)
+# Handlers shorter than this on average (ms) get ``LONG_PREFETCH`` rows per thread queued
+# (``LongLane.slots``); the moving average gives each new duration this weight.
+SHORT_HANDLER_MS = 10.0
+HANDLER_MS_WEIGHT = 0.2
 
 
 class LongLane:
@@ -67,6 +72,7 @@ class LongLane:
         self._rescued_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
         self._running = 0  # rows whose handler has not returned (in hand: until written)
+        self._handler_ms: float | None = None  # moving average of handler durations
         # Outcomes to write: (claim token, result, probe, clock), None to stop the writer.
         self._outcomes: queue.SimpleQueue[tuple[str, RunResult, bool, DatabaseClock] | None] = (
             queue.SimpleQueue())
@@ -79,15 +85,25 @@ class LongLane:
         with self._lock:
             return len(self._in_hand)
 
+    def slots(self) -> int:
+        """Rows this lane may run or queue for its ``LONG_BATCH`` threads: one per thread,
+        or ``LONG_PREFETCH`` per thread while its handlers are short (their moving average
+        under ``SHORT_HANDLER_MS``). For handlers that short, the reserve and the outcome
+        write cost more than the handler: a deeper queue makes each statement take more
+        rows, and a queued row waits a few handlers' time, not a poll's."""
+        with self._lock:
+            short = self._handler_ms is not None and self._handler_ms < SHORT_HANDLER_MS
+        return self.settings.LONG_BATCH * (self.settings.LONG_PREFETCH if short else 1)
+
     def free_slots(self) -> int:
-        """Handlers this lane may start now: ``LONG_BATCH`` minus those running. A row whose
-        handler returned frees its slot at once, while its outcome waits for the writer
-        (it stays in hand, its lease renewed, until written); but no more than
-        ``LONG_BATCH`` outcomes wait, so a slow database slows the lane down."""
+        """Rows this lane may reserve now: ``slots()`` minus those running or queued. A
+        row whose handler returned frees its slot at once, while its outcome waits for the
+        writer (it stays in hand, its lease renewed, until written); but no more than
+        ``slots()`` outcomes wait, so a slow database slows the lane down."""
+        slots = self.slots()
         with self._lock:
             waiting = len(self._in_hand) - self._running
-            return min(self.settings.LONG_BATCH - self._running,
-                       2 * self.settings.LONG_BATCH - len(self._in_hand)) if waiting >= 0 \
+            return min(slots - self._running, 2 * slots - len(self._in_hand)) if waiting >= 0 \
                 else 0
 
     def run_once(self, now: datetime | None = None) -> int:
@@ -207,6 +223,9 @@ class LongLane:
                 with try_context(running):
                     answer = call_handler(target, job)
             duration_ms = (self._monotonic() - started) * 1000
+            with self._lock:
+                self._handler_ms = duration_ms if self._handler_ms is None else (
+                    self._handler_ms + (duration_ms - self._handler_ms) * HANDLER_MS_WEIGHT)
             finished_at = clock()
             result = RunResult(job, judge(job, target, answer.error, finished_at), duration_ms,
                                answer.result_json, try_entry(self.worker_id, running.started_at,

@@ -9,6 +9,7 @@ MongoDB implementation of a hot query, say) starts by reading this file.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import cache
@@ -60,18 +61,34 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
         return cursor.fetchall() if cursor.description else []
 
 
+# Sessions whose prepared statements are this module's only: they keep one generic plan.
+_generic_plans: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def _prepared_cursor(db: Any) -> Any:
     """A Django cursor (its wrappers, its errors) over a server-side binding psycopg cursor
     that prepares what it runs. Django's own cursors bind client-side, so the server plans
     every statement anew; and Django turns prepared statements off for transaction-mode
-    poolers, which a worker cannot use anyway (``LISTEN`` needs a session). Where the
-    project binds server-side itself, its ``prepare_threshold`` stands."""
+    poolers, which a worker cannot use anyway (``LISTEN`` needs a session).
+
+    Preparing alone saves the parse, not the planning: PostgreSQL's default plan cache
+    mode keeps planning each call for its values while their estimates look cheaper than a
+    generic plan (a ``LIMIT`` parameter does that), which was most of the server's time per
+    long-lane reserve. The prepared statements here are index walks written for any values
+    (the lane and state of their partial index are literals), so the session keeps one
+    generic plan each. Where the project binds server-side itself, its statements are
+    prepared too: its ``prepare_threshold`` and the plan cache mode stand."""
     import psycopg
 
     db.ensure_connection()
-    if db.settings_dict["OPTIONS"].get("server_side_binding") is not True:
-        db.connection.prepare_threshold = 0  # only server-side cursors, so only these
-    raw = psycopg.Cursor(db.connection)
+    raw_connection = db.connection
+    if (db.settings_dict["OPTIONS"].get("server_side_binding") is not True
+            and raw_connection not in _generic_plans):
+        raw_connection.prepare_threshold = 0  # only server-side cursors, so only these
+        if db.get_autocommit():  # a SET in a transaction would end with a rollback
+            raw_connection.execute("SET plan_cache_mode = force_generic_plan")
+            _generic_plans.add(raw_connection)
+    raw = psycopg.Cursor(raw_connection)
     return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
 
 
@@ -144,11 +161,12 @@ def _array(values: Sequence[Any]) -> Any:
     return list(values)
 
 
-def in_(column: str, values: Sequence[Any], using: str | None = None) -> tuple[str, list[Any]]:
+def in_(column: str, values: Sequence[Any], using: str | None = None, *,
+        arrays_from: int = ARRAY_FROM) -> tuple[str, list[Any]]:
     """``column`` is one of ``values``; valid SQL for an empty list too."""
     if not values:
         return "1 = 0", []
-    if len(values) >= ARRAY_FROM and is_postgres(using):
+    if len(values) >= arrays_from and is_postgres(using):
         return f"{column} = ANY(%s)", [_array(values)]
     return f"{column} IN ({', '.join(['%s'] * len(values))})", list(values)
 

@@ -36,6 +36,7 @@ from jobs_engine.models import (
 from jobs_engine.models import Job as JobTable
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane, StepState
 from jobs_engine.store.dialect import (
+    ARRAY_FROM,
     clock_sql,
     dt,
     execute,
@@ -143,6 +144,11 @@ CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
           Lane.LONG: states.transition(RUNNING, DEAD, to=DEAD)}
 
 _PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
+# A hot prepared statement names the lane and state of the partial index it reads as
+# literals, not parameters: a generic plan (planned once, kept) can then use that index,
+# where with parameters only a plan made for each call's values can.
+_LONG_PENDING = f"j.lane = '{Lane.LONG.value}' AND j.status = '{_PENDING}'"
+_FAST_PENDING = f"j.lane = '{Lane.FAST.value}' AND j.status = '{_PENDING}'"
 
 # The dedupe key of a flow step's job starts with this (``flows.queue``): such a job belongs
 # to its flow, kept and removed with it, never by its target's keep counts.
@@ -366,10 +372,10 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     """
     part_clause, part_params = in_("j.partition", partitions)
     due = (f"SELECT {', '.join('j.' + c for c in _JOB_COLUMNS)}, "
-           f"j.next_run_at FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+           f"j.next_run_at FROM {JOBS} j WHERE {_FAST_PENDING} "
            f"AND j.target = %s AND j.next_run_at <= %s AND {part_clause}")
     head = ("(j.key IS NULL OR NOT EXISTS ("
-            f"SELECT 1 FROM {JOBS} e WHERE e.status = %s AND e.key IS NOT NULL "
+            f"SELECT 1 FROM {JOBS} e WHERE e.status = '{_PENDING}' AND e.key IS NOT NULL "
             "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
             "AND (e.version, e.id) < (j.version, j.id)))")
     order = "ORDER BY j.next_run_at, j.id LIMIT %s"
@@ -380,9 +386,7 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     branches, params = [], []
     for n, (target, limit) in enumerate(limits.items()):
         branches.append(per_target.format(n=n))
-        due_params = [Lane.FAST.value, _PENDING, target, dt(now), *part_params]
-        params += ([*due_params, _PENDING, limit] if whole_backlog
-                   else [*due_params, limit, _PENDING])
+        params += [target, dt(now), *part_params, limit]
     return " UNION ALL ".join(branches), params
 
 
@@ -579,8 +583,8 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     excl_clause, excl_params = in_("j.target", exclusive_targets)
     # A candidate of an exclusive target whose code runs on some worker is not due.
     free_code = (f"(NOT ({excl_clause}) OR NOT EXISTS (SELECT 1 FROM {JOBS} r "
-                 "WHERE r.status = %s AND r.running_code = j.code))")
-    free_params = [*excl_params, _RUNNING]
+                 f"WHERE r.status = '{_RUNNING}' AND r.running_code = j.code))")
+    free_params = excl_params
     if writable_ctes():
         # Locked candidates, then the first of each exclusive code (window functions may
         # not share a level with FOR UPDATE).
@@ -592,7 +596,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                 rows = fetch(
                     f"WITH locked AS (SELECT j.id, j.code, j.priority, j.next_run_at, "
                     f"{excl_clause if exclusive_targets else 'false'} AS exclusive "
-                    f"FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+                    f"FROM {JOBS} j WHERE {_LONG_PENDING} "
                     f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} "
                     f"AND {free_code} ORDER BY j.priority DESC, j.next_run_at, j.id "
                     "LIMIT %s FOR UPDATE SKIP LOCKED), "
@@ -604,7 +608,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                     "lease_until = %s, running_code = CASE WHEN picked.exclusive "
                     f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
                     f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}",
-                    [*(excl_params if exclusive_targets else []), Lane.LONG.value, _PENDING,
+                    [*(excl_params if exclusive_targets else []),
                      dt(now), *target_params, dt(now), *free_params, limit, RESERVE.target,
                      token, owner, lease_until, *started_params, dt(now)], prepare=True)
         except IntegrityError:
@@ -616,10 +620,10 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     found: list[Reserved] = []
     with transaction.atomic():
         candidates = fetch(
-            f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE j.lane = %s AND j.status = %s "
+            f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE {_LONG_PENDING} "
             f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} AND {free_code} "
             f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
-            [Lane.LONG.value, _PENDING, dt(now), *target_params, dt(now), *free_params,
+            [dt(now), *target_params, dt(now), *free_params,
              limit],
         )
         order = {job_id: place for place, (job_id, _, _) in enumerate(candidates)}
@@ -711,10 +715,11 @@ class Guard:
 
     def match(self, rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
         """SQL true for the ``(id, attempts read)`` rows this holder may still write."""
+        if self.lane is Lane.LONG:  # one text for any number of rows: it is prepared
+            ids, id_params = in_("id", [job_id for job_id, _ in rows], arrays_from=1)
+            return (f"{ids} AND status IN ('{_RUNNING}', '{_DEAD}') AND claim_token = %s",
+                    [*id_params, self.token])
         ids, id_params = in_("id", [job_id for job_id, _ in rows])
-        if self.lane is Lane.LONG:
-            return (f"{ids} AND status IN (%s, %s) AND claim_token = %s",
-                    [*id_params, _RUNNING, _DEAD, self.token])
         if len({attempts for _, attempts in rows}) == 1:
             read, read_params = "attempts = %s", [rows[0][1]]
         else:
@@ -778,12 +783,15 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         if counted:
             return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING target)"
                          f"{counted} SELECT COUNT(*) FROM moved",
-                         [*params, *count_params])[0][0]
+                         [*params, *count_params], prepare=guard.lane is Lane.LONG)[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
+    # The long lane's text is the same for any number of rows (arrays), so it is prepared.
+    prepare = guard.lane is Lane.LONG
     results, result_params = table(
         [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
-        ("bigint", "text", "timestamptz", "float8", "text"))
+        ("bigint", "text", "timestamptz", "float8", "text"),
+        arrays_from=1 if prepare else ARRAY_FROM)
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
                "payload, headers, trace_id, actor, created_at")
     tries = _tries_after("r.tried", "m.tries")
@@ -798,7 +806,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
             f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
             f"appended AS ({append.format(moved='moved')} RETURNING 1){counted} "
             "SELECT COUNT(*) FROM moved",
-            [*result_params, *params, dt(now), *count_params])[0][0]
+            [*result_params, *params, dt(now), *count_params], prepare=prepare)[0][0]
     execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
             + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
             [*result_params, dt(now), *params])

@@ -93,6 +93,90 @@ def test_reserve_takes_at_most_long_batch_under_one_token_and_lease(targets: Any
     assert JobModel.objects.count() == 0
 
 
+def test_short_handlers_get_long_prefetch_rows_per_thread_and_slow_ones_one(
+        targets: Any, t0: datetime) -> None:
+    """The first poll knows no handler yet: one row per thread. Handlers under
+    ``SHORT_HANDLER_MS`` on average: ``LONG_PREFETCH`` rows per thread in one reserve. Once
+    the average is slow again: one per thread."""
+    clock = FakeMonotonic()
+    took = {"s": 0.0}
+
+    def handler(job: Job) -> None:
+        clock.advance(took["s"])
+
+    targets("ll.prefetch", handler=handler, lane="long")
+    for _ in range(40):
+        put("ll.prefetch", t0)
+    settings = load_settings({"LONG_BATCH": 2, "LONG_PREFETCH": 3}, environ={})
+    lane = LongLane("P", settings, PauseGate("P", settings), threads=False, monotonic=clock)
+    took["s"] = 0.001
+    assert [lane.free_slots(), lane.run_once(t0)] == [2, 2]  # no handler timed yet
+    assert [lane.free_slots(), lane.run_once(t0)] == [6, 6]  # 1 ms each: 3 per thread
+    took["s"] = 0.5  # the average passes 10 ms after the first of these
+    assert lane.run_once(t0) == 6  # reserved while the average was still short
+    assert [lane.free_slots(), lane.run_once(t0)] == [2, 2]
+    assert JobModel.objects.count() == 40 - 16
+
+
+@pytest.mark.django_db(transaction=True)  # the pool threads write on connections of their own
+def test_prefetched_rows_wait_for_a_free_thread(targets: Any, t0: datetime) -> None:
+    """A deeper queue, not more threads: no more than ``LONG_BATCH`` handlers ever run at
+    once, and every queued row runs, once."""
+    lock, running, most, ran = threading.Lock(), [0], [0], []
+
+    def handler(job: Job) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.002)
+        with lock:
+            running[0] -= 1
+            ran.append(job.id)
+
+    targets("ll.prefetch-threads", handler=handler, lane="long")
+    ids = [put("ll.prefetch-threads", t0) for _ in range(30)]
+    settings = load_settings({"LONG_BATCH": 3, "LONG_PREFETCH": 4}, environ={})
+    lane = LongLane("Q", settings, PauseGate("Q", settings))
+    try:
+        reserved = [lane.run_once(t0)]
+        deadline = time.monotonic() + 20
+        while len(ran) < 30 and time.monotonic() < deadline:
+            time.sleep(0.005)
+            if not lane.in_hand():  # SQLite: one writer at a time, the lane's or this one
+                reserved.append(lane.run_once(t0))
+    finally:
+        lane.shutdown(wait=True)
+    assert reserved[0] == 3 and max(reserved) == 12  # 3 threads, then 4 rows each
+    assert most[0] == 3
+    assert sorted(ran) == sorted(ids)
+    assert not JobModel.objects.filter(id__in=ids).exists()
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_the_reserve_and_the_write_of_successes_keep_their_plans_on_postgresql(
+        targets: Any, t0: datetime) -> None:
+    """Both are prepared on the worker's connection, each one text whatever the number of
+    rows, with one generic plan: PostgreSQL plans them once, not at every call (the
+    planning of the reserve took longer than its run)."""
+    ran: list[int | None] = []
+    targets("ll.planned", handler=lambda job: ran.append(job.id), lane="long",
+            policy=JobPolicy(keep_completed=100))
+    lane = long_worker("P")
+    ids = []
+    for n in range(1, 5):  # 1, 2, 3 and 4 rows a poll
+        ids += [put("ll.planned", t0) for _ in range(n)]
+        assert lane.run_once(t0) == n
+    assert sorted(ran) == sorted(ids)
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT split_part(statement, ' ', 2), generic_plans, custom_plans "
+                       "FROM pg_prepared_statements WHERE statement LIKE 'WITH locked%' "
+                       "OR statement LIKE 'WITH r(id%' ORDER BY 1")
+        # Without threads each row's outcome is its own write: 10 writes, one text.
+        assert cursor.fetchall() == [("locked", 4, 0), ("r(id,", 10, 0)]
+
+
 def test_renewed_row_is_never_reclaimed_during_a_7_minute_run(targets: Any,
                                                              t0: datetime) -> None:
     a, b = long_worker("A"), long_worker("B")
@@ -425,7 +509,7 @@ def test_outcomes_that_finish_while_one_is_written_are_written_together(
             lane="long")
     ids = [put("ll.group", t0) for _ in range(5)]
     worker_id = f"G-{uuid.uuid4().hex[:6]}"
-    settings = load_settings({"LONG_BATCH": 5}, environ={})
+    settings = load_settings({"LONG_BATCH": 5, "LONG_PREFETCH": 1}, environ={})
     lane = LongLane(worker_id, settings, PauseGate(worker_id, settings))
     writes: list[list[int]] = []
     seen_while_writing: list[tuple[int, int]] = []

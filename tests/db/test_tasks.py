@@ -55,8 +55,8 @@ class Worker:
 
     def __init__(self, batch: int | None = None) -> None:
         self.id = f"w-{uuid.uuid4().hex[:6]}"
-        settings = SETTINGS if batch is None else load_settings({"LONG_BATCH": batch},
-                                                                environ={})
+        settings = SETTINGS if batch is None else load_settings(  # ``batch`` rows a poll
+            {"LONG_BATCH": batch, "LONG_PREFETCH": 1}, environ={})
         self.lane = LongLane(self.id, settings, PauseGate(self.id, settings), threads=False,
                              monotonic=FakeMonotonic())
 
