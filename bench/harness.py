@@ -63,6 +63,8 @@ class Options:
     tasks_n: int = 10_000
     tasks_lat_n: int = 300
     tasks_lat_pause_s: float = 0.05
+    memory_small: int = 10_000
+    memory_big: int = 1_000_000
     results_dir: Path = field(default=RESULTS)
 
     @property

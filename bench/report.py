@@ -100,6 +100,15 @@ def rows_for(o: Options) -> list[Row]:
             f"in {o.poll_big:,}", "ms"),
         Row("poll:long_ratio", "long candidates ratio big / small", "x"),
     ]
+    for lane in ("fast", "long"):
+        rows += [
+            Row(f"memory:{lane}:small", f"{lane}-lane worker RSS after {o.memory_small:,} jobs",
+                "MB"),
+            Row(f"memory:{lane}:big", f"{lane}-lane worker RSS after {o.memory_big:,} jobs",
+                "MB"),
+            Row(f"memory:{lane}:ratio", f"{lane}-lane worker RSS ratio big / small", "x",
+                "≤ 1.1x", lambda v: v <= 1.1),
+        ]
     rows += policy_rows(o)
     rows += flow_rows(o)
     rows += task_rows(o)

@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 RESULTS = ROOT / "bench" / "results"
 PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka", "policies", "flows")
-EXTRA_PHASES = ("profile", "tasks")  # on request only (tasks: bench/requirements-tasks.txt)
+# On request only (tasks: bench/requirements-tasks.txt; memory: a few minutes, Linux).
+EXTRA_PHASES = ("profile", "tasks", "memory")
 KAFKA_DIR_DEFAULT = "<tmp>/jobs-engine-kafka-bench"
 
 
@@ -77,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks-lat-n", type=int, default=300, help="tasks phase: latency samples")
     p.add_argument("--tasks-lat-pause-ms", type=float, default=50, help="tasks phase: pause "
                    "between the latency samples' transactions")
+    p.add_argument("--memory-small", type=int, default=10_000, help="memory phase: jobs "
+                   "run before the first reading of the worker's memory")
+    p.add_argument("--memory-big", type=int, default=1_000_000, help="memory phase: jobs run "
+                   "in all before the second")
     p.add_argument("--policy-done-n", type=int, default=1_000_000,
                    help="completed jobs kept while the policies phase times a poll")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
@@ -126,7 +131,8 @@ def options(args: argparse.Namespace) -> Options:
                    results_dir=args.results_dir, policy_done_n=args.policy_done_n,
                    flow_chain_n=args.flow_chain_n, flow_batch_n=args.flow_batch_n,
                    tasks_e1_n=args.tasks_e1_n, tasks_n=args.tasks_n, tasks_lat_n=args.tasks_lat_n,
-                   tasks_lat_pause_s=args.tasks_lat_pause_ms / 1000, **extra)
+                   tasks_lat_pause_s=args.tasks_lat_pause_ms / 1000,
+                   memory_small=args.memory_small, memory_big=args.memory_big, **extra)
 
 
 def prepare() -> None:

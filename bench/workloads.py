@@ -58,6 +58,7 @@ from bench.harness import (
     wait_for,
     workers_registered,
 )
+from bench.memory import phase_memory
 from bench.policies import phase_policies
 from bench.poll_cost import phase_poll
 from bench.tasks import phase_tasks
@@ -315,7 +316,7 @@ PHASE_FUNCS: dict[str, Callable[[Options], Metrics]] = {
     "e100": phase_e100, "e1": phase_e1, "d1": phase_d1, "long": phase_long,
     "latency": phase_latency, "poll": phase_poll, "profile": phase_profile,
     "kafka": phase_kafka, "policies": phase_policies, "flows": phase_flows,
-    "tasks": phase_tasks,
+    "tasks": phase_tasks, "memory": phase_memory,
 }
 
 
