@@ -177,21 +177,10 @@ def time_query(query: str, params: Any, reps: int) -> float:
     return statistics.median(times)
 
 
-def explain(query: str, params: Any, *, generic: bool = False) -> str:
-    """The plan of ``query`` run with ``params``. ``generic`` (PostgreSQL): the plan a
-    worker's prepared statement keeps (``store.dialect``'s generic plans), through
-    ``PREPARE``; else the plan made for these values."""
+def explain(query: str, params: Any) -> str:
     prefix = "EXPLAIN (ANALYZE, BUFFERS) " if store.is_postgres() else "EXPLAIN QUERY PLAN "
     with contextlib.suppress(_Rollback), transaction.atomic(), connection.cursor() as cursor:
-        if generic and store.is_postgres():
-            parts = query.split("%s")
-            numbered = parts[0] + "".join(f"${n}{part}" for n, part in enumerate(parts[1:], 1))
-            cursor.execute(f"PREPARE bench_generic AS {numbered}")
-            cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
-            cursor.execute(f"{prefix}EXECUTE bench_generic({', '.join(['%s'] * len(params))})",
-                           params)
-        else:
-            cursor.execute(prefix + query, params)
+        cursor.execute(prefix + query, params)
         lines = ["  ".join(str(c) for c in row) for row in cursor.fetchall()]
         raise _Rollback
     return "\n".join(lines)
@@ -242,11 +231,11 @@ def phase_poll(o: Options) -> Metrics:
     print(f"    poll at {big['n']:,}: {big['poll_ms']:.2f} ms ({big['rows']} rows), "
           f"long candidates {big['long_ms']:.2f} ms (backlog built in {big['build_s']:.1f}s)",
           flush=True)
-    fast_plan = explain(*big["fast_sql"], generic=True)
+    fast_plan = explain(*big["fast_sql"])
     long_plan = explain(*big["long_sql"])
     held_small = poll_at(o.poll_small, o.poll_reps, held_front=True)
     held_big = poll_at(o.poll_big, max(5, o.poll_reps // 5), held_front=True)
-    held_plan = explain(*held_big["fast_sql"], generic=True)
+    held_plan = explain(*held_big["fast_sql"])
     print(f"    stress layout (a tenth of the backlog held behind retrying key heads): "
           f"{held_small['poll_ms']:.2f} ms at {o.poll_small:,}, {held_big['poll_ms']:.2f} ms at "
           f"{o.poll_big:,} ({held_big['rows']} rows)", flush=True)
@@ -272,8 +261,8 @@ def write_plans(o: Options, big: dict[str, Any], fast_plan: str, long_plan: str,
     header = (f"# {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC, {connection.vendor}, "
               f"{big['n']:,} PENDING fast rows + {max(10, big['n'] // 100):,} long rows, "
               f"{len(POLL_PARTITIONS)} partitions held, limit 100\n")
-    text = (header + "\n## fast-lane poll (store.jobs_fast_poll: the generic plan a worker "
-            "keeps)\n" + big["fast_sql"][0]
+    text = (header + "\n## fast-lane poll (store.jobs_fast_poll, as a worker runs it)\n"
+            + big["fast_sql"][0]
             + "\n-- params: " + repr(big["fast_sql"][1]) + "\n\n" + fast_plan
             + "\n\n## long-lane reserve candidate query (store.jobs_long_reserve)\n"
             + big["long_sql"][0] + "\n-- params: " + repr(big["long_sql"][1]) + "\n\n"

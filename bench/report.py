@@ -297,8 +297,8 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "target.")
     if measured("poll:"):
         out.append(
-            "- Poll cost: the worker's poll statement (store.jobs_fast_poll, prepared, its "
-            "generic plan), partitions 0-20, limit 100, after VACUUM ANALYZE; plans in "
+            "- Poll cost: the worker's poll statement (store.jobs_fast_poll, prepared), "
+            "partitions 0-20, limit 100, after VACUUM ANALYZE; plans in "
             f"{shown(o.results_dir / 'explain_fast_poll.txt')}.")
     if measured("policy"):
         out.append(

@@ -24,7 +24,7 @@ class JobsSettings:
     LONG_BATCH: int = 10
     # Rows per long-lane thread a worker reserves while its handlers are short (under
     # 10 ms on average): one statement then starts and ends more of them. 1: one per thread.
-    LONG_PREFETCH: int = 4
+    LONG_PREFETCH: int = 8
     POLL_S: float = 1
     IDLE_POLL_S: tuple[float, ...] = (1, 2, 5)
     PARTITION_LEASE_S: float = 30

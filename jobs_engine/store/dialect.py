@@ -61,33 +61,34 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
         return cursor.fetchall() if cursor.description else []
 
 
-# Sessions whose prepared statements are this module's only: they keep one generic plan.
-_generic_plans: weakref.WeakSet[Any] = weakref.WeakSet()
+# Sessions whose prepared statements are this module's only: each call is planned anew.
+_custom_plans: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _prepared_cursor(db: Any) -> Any:
     """A Django cursor (its wrappers, its errors) over a server-side binding psycopg cursor
-    that prepares what it runs. Django's own cursors bind client-side, so the server plans
-    every statement anew; and Django turns prepared statements off for transaction-mode
-    poolers, which a worker cannot use anyway (``LISTEN`` needs a session).
+    that prepares what it runs. Django's own cursors bind client-side, so the server parses
+    and plans every statement anew; and Django turns prepared statements off for
+    transaction-mode poolers, which a worker cannot use anyway (``LISTEN`` needs a session).
 
-    Preparing alone saves the parse, not the planning: PostgreSQL's default plan cache
-    mode keeps planning each call for its values while their estimates look cheaper than a
-    generic plan (a ``LIMIT`` parameter does that), which was most of the server's time per
-    long-lane reserve. The prepared statements here are index walks written for any values
-    (the lane and state of their partial index are literals), so the session keeps one
-    generic plan each. Where the project binds server-side itself, its statements are
+    Preparing saves the parse; each call is still planned for its values
+    (``plan_cache_mode = force_custom_plan`` on the sessions where these statements are
+    the only prepared ones). A generic plan would save the planning too, but it is frozen
+    with the table's size when it was made: a worker that first polled an empty queue kept
+    a sequential scan for the burst that followed (three long-lane workers drained 10,000
+    rows at 500 jobs/s instead of 6,600), and PostgreSQL's default mode may switch to such
+    a plan by itself. Where the project binds server-side itself, its statements are
     prepared too: its ``prepare_threshold`` and the plan cache mode stand."""
     import psycopg
 
     db.ensure_connection()
     raw_connection = db.connection
     if (db.settings_dict["OPTIONS"].get("server_side_binding") is not True
-            and raw_connection not in _generic_plans):
+            and raw_connection not in _custom_plans):
         raw_connection.prepare_threshold = 0  # only server-side cursors, so only these
         if db.get_autocommit():  # a SET in a transaction would end with a rollback
-            raw_connection.execute("SET plan_cache_mode = force_generic_plan")
-            _generic_plans.add(raw_connection)
+            raw_connection.execute("SET plan_cache_mode = force_custom_plan")
+            _custom_plans.add(raw_connection)
     raw = psycopg.Cursor(raw_connection)
     return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
 

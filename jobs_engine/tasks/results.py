@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from functools import lru_cache
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
@@ -35,19 +36,24 @@ def task_payload(task: Task, args: list[Any], kwargs: dict[str, Any], alias: str
 
 def task_of(payload: dict[str, Any]) -> Task:
     """The task a job's payload names, as it was enqueued (priority, queue, run_after)."""
-    path = payload["task"]
+    return _task(payload["task"], payload["priority"], payload["queue"], payload["backend"],
+                 payload.get("run_after"))
+
+
+@lru_cache(maxsize=1024)
+def _task(path: str, priority: int, queue: str, backend: str, run_after: str | None) -> Task:
+    """Tasks are frozen: one per way they were enqueued, not one per run (``Task.using``
+    validates anew; a worker runs the same few thousands of times)."""
     try:
         task = import_string(path)
     except ImportError as exc:
         raise InvalidTask(f"cannot import the task {path!r}: {exc}") from exc
     if not isinstance(task, Task):
         raise InvalidTask(f"{path!r} is not a task: decorate it with @task")
-    run_after = payload.get("run_after")
-    if (payload["priority"], payload["queue"], payload["backend"], run_after) == (
-            task.priority, task.queue_name, task.backend, None):
+    if (priority, queue, backend, run_after) == (task.priority, task.queue_name, task.backend,
+                                                 None):
         return task  # enqueued as declared (the usual case): validated when it was declared
-    return task.using(priority=payload["priority"], queue_name=payload["queue"],
-                      backend=payload["backend"],
+    return task.using(priority=priority, queue_name=queue, backend=backend,
                       run_after=parse_datetime(run_after) if run_after else None)
 
 
