@@ -3,7 +3,7 @@
 For each lane, one worker (``run_fast_lane`` on the at-least-once per-row target that keeps
 no completed jobs, so the database stays small; ``run_long_lane`` on the long no-op target)
 runs ``memory_small`` jobs (10,000), then more until it has run ``memory_big``
-(1,000,000) in all. The bench commits them in chunks
+(1,000,000) in all. The bench commits them ``BACKLOG`` / 2 at a time
 as the worker drains them, never more than ``BACKLOG`` waiting, and reads the worker's
 resident set size (``VmRSS`` of ``/proc/<pid>/status``) each time the queue is empty at a
 checkpoint: the worker idle, after the same work per job. A leak per job shows as a
@@ -16,24 +16,20 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from django.db import transaction
-
 from bench import targets
 from bench.harness import (
     Metrics,
     Options,
     Workers,
     drained,
-    payload,
+    fill,
     remaining,
     reset,
     running,
     wait_for,
 )
-from jobs_engine.enqueueing import enqueue_many
 
 BACKLOG = 50_000  # rows committed ahead of the worker at most
-CHUNK = 1_000  # rows per transaction
 LANES = {  # lane -> (worker command, target)
     "fast": ("run_fast_lane", targets.FAST_KINDS_KEEP_NONE["at-least-once per-row"]),
     "long": ("run_long_lane", targets.LONG),
@@ -48,19 +44,12 @@ def rss_mb(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
-def commit(target: str, start: int, n: int) -> None:
-    for first in range(start, start + n, CHUNK):
-        with transaction.atomic():
-            enqueue_many([{"target": target, "payload": payload(i)}
-                          for i in range(first, min(start + n, first + CHUNK))])
-
-
 def run_to(workers: Workers, target: str, done: int, upto: int) -> None:
     """Feed the worker from ``done`` jobs run to ``upto``, then wait for an empty queue."""
     while done < upto:
         if remaining() < BACKLOG // 2:
             n = min(BACKLOG // 2, upto - done)
-            commit(target, done, n)
+            fill(target, n)
             done += n
         else:
             time.sleep(0.05)

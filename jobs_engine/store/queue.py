@@ -584,7 +584,6 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     # A candidate of an exclusive target whose code runs on some worker is not due.
     free_code = (f"(NOT ({excl_clause}) OR NOT EXISTS (SELECT 1 FROM {JOBS} r "
                  f"WHERE r.status = '{_RUNNING}' AND r.running_code = j.code))")
-    free_params = excl_params
     if writable_ctes():
         # Locked candidates, then the first of each exclusive code (window functions may
         # not share a level with FOR UPDATE).
@@ -609,7 +608,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                     f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
                     f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}",
                     [*(excl_params if exclusive_targets else []),
-                     dt(now), *target_params, dt(now), *free_params, limit, RESERVE.target,
+                     dt(now), *target_params, dt(now), *excl_params, limit, RESERVE.target,
                      token, owner, lease_until, *started_params, dt(now)], prepare=True)
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
@@ -623,8 +622,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE {_LONG_PENDING} "
             f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} AND {free_code} "
             f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
-            [dt(now), *target_params, dt(now), *free_params,
-             limit],
+            [dt(now), *target_params, dt(now), *excl_params, limit],
         )
         order = {job_id: place for place, (job_id, _, _) in enumerate(candidates)}
         exclusive = set(exclusive_targets)
@@ -768,6 +766,8 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     """
     if not done:
         return 0
+    # The long lane's texts are the same for any number of rows (arrays): they are prepared.
+    prepare = guard.lane is Lane.LONG
     where, params = guard.match([(d.id, d.attempts) for d in done])
     kept = sorted(done, key=lambda d: d.id, reverse=True)[:keep]
     counted, count_params = "", []
@@ -783,11 +783,9 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         if counted:
             return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING target)"
                          f"{counted} SELECT COUNT(*) FROM moved",
-                         [*params, *count_params], prepare=guard.lane is Lane.LONG)[0][0]
+                         [*params, *count_params], prepare=prepare)[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
-    # The long lane's text is the same for any number of rows (arrays), so it is prepared.
-    prepare = guard.lane is Lane.LONG
     results, result_params = table(
         [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
         ("bigint", "text", "timestamptz", "float8", "text"),
