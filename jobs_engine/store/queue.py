@@ -41,6 +41,7 @@ from jobs_engine.store.dialect import (
     dt,
     execute,
     fetch,
+    fetch_insert,
     greatest,
     in_,
     json_append,
@@ -224,13 +225,13 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
           dt(row.run_at, using), row.trace_id,
           json_param(row.actor) if row.actor is not None else None, row.priority)
          for row in rows],
-        _INSERT_TYPES, using=using, arrays_from=1)  # one text for every batch size
+        _INSERT_TYPES, using=using, arrays_from=1, binary=True)  # one text for every size
     stamp, stamp_params = clock_sql(now, using)
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
                    "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
                    "ORDER BY h.version, h.id LIMIT 1)")
-    next_run_at = (greatest("due", f"COALESCE({head_run_at}, due)")
-                   if any(row.key is not None for row in rows) else "due")
+    keyed = any(row.key is not None for row in rows)
+    next_run_at = greatest("due", f"COALESCE({head_run_at}, due)") if keyed else "due"
     insert = (
         f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
         f"v AS (SELECT u.*, COALESCE(u.run_at, {stamp}) AS due, {stamp} AS stamp FROM u) "
@@ -243,8 +244,10 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
         "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
     sql = notify_after_insert(insert, NOTIFY_CHANNEL)
-    return {row[1]: row[0] for row in fetch(sql, [*params, *stamp_params, *stamp_params],
-                                            using)}
+    # The head's lookup is planned at each call: a plan kept from a near-empty table would
+    # scan it whole for every keyed row once it has grown.
+    return {row[1]: row[0] for row in fetch_insert(
+        sql, [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=not keyed)}
 
 
 def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, int]:
@@ -263,8 +266,8 @@ def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, 
               *stamp_params, row.trace_id,
               json_param(row.actor) if row.actor is not None else None, row.priority,
               *stamp_params, *stamp_params]
-    return {found[1]: found[0] for found in fetch(notify_after_insert(insert, NOTIFY_CHANNEL),
-                                                  params, using)}
+    return {found[1]: found[0] for found in fetch_insert(
+        notify_after_insert(insert, NOTIFY_CHANNEL), params, using, plan_may_be_kept=True)}
 
 
 def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None

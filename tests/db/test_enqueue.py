@@ -398,6 +398,68 @@ def test_enqueue_many_is_one_insert(fast: Target) -> None:
     assert count_jobs() == 50
 
 
+# -- how the insert reaches PostgreSQL -------------------------------------------------------------
+
+
+def _prepared_inserts() -> list[str]:
+    """The job inserts prepared on the test's connection (none on SQLite)."""
+    if not is_postgres():
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s",
+                       [f"%INSERT INTO {Job._meta.db_table}%"])
+        return [row[0] for row in cursor.fetchall()]
+
+
+@TRANSACTIONAL
+def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(fast: Target) -> None:
+    """PostgreSQL: a one-row enqueue and a batch without keys are prepared on the caller's
+    connection; a batch with keys looks up each key's head, a plan that must follow the
+    table's size, so it is planned at every call. The rows are the same either way."""
+    connection.close()  # a session of this test's own: nothing prepared yet
+    enqueue("t:fast", 1)
+    enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
+    enqueue_many([{"target": "t:fast", "payload": i, "key": f"k{i}"} for i in range(20)])
+    assert count_jobs() == 41
+    assert sorted(Job.objects.filter(key__isnull=False).values_list("key", flat=True)) \
+        == sorted(f"k{i}" for i in range(20))
+    prepared = _prepared_inserts()
+    if is_postgres():
+        assert len(prepared) == 2, prepared
+        assert any("unnest" in text for text in prepared), "the batch without keys"
+        assert not any("h.next_run_at" in text for text in prepared), "the head's lookup"
+
+
+@TRANSACTIONAL
+def test_behind_a_declared_transaction_pooler_no_insert_is_prepared(
+        fast: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project behind a transaction-mode pooler says so to Django with
+    ``DISABLE_SERVER_SIDE_CURSORS``: the pooler may give the next transaction another
+    server session, where a statement prepared in this one does not exist."""
+    connection.close()
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    for n in range(3):
+        enqueue("t:fast", n)
+        enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
+    assert count_jobs() == 63
+    assert _prepared_inserts() == []
+
+
+@TRANSACTIONAL
+def test_an_insert_prepared_in_a_rolled_back_transaction_still_serves(fast: Target) -> None:
+    """A statement prepared inside a transaction outlives its rollback: the next enqueue,
+    in another transaction, runs it and stores its row; the rolled-back one stored none."""
+    connection.close()
+    with pytest.raises(Boom), transaction.atomic():
+        enqueue("t:fast", 1, dedupe_key="rolled-back")
+        raise Boom
+    assert count_jobs() == 0
+    with transaction.atomic():
+        enqueue("t:fast", 2, dedupe_key="kept")
+    assert list(Job.objects.values_list("dedupe_key", "payload")) == [("kept", 2)]
+    assert len(_prepared_inserts()) == (1 if is_postgres() else 0)
+
+
 # -- next_version ---------------------------------------------------------------------------------
 
 
