@@ -145,9 +145,9 @@ CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
           Lane.LONG: states.transition(RUNNING, DEAD, to=DEAD)}
 
 _PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
-# A hot statement names the lane and state of the partial index it reads as literals, not
-# parameters: the index's predicate is then proven from the statement's text, whatever
-# the values a plan is made for.
+# A hot prepared statement names the lane and state of the partial index it reads as
+# literals, not parameters: its generic plan (``dialect._prepared_cursor``) can then use
+# that index, where with parameters only a plan made for each call's values can.
 _LONG_PENDING = f"j.lane = '{Lane.LONG.value}' AND j.status = '{_PENDING}'"
 _FAST_PENDING = f"j.lane = '{Lane.FAST.value}' AND j.status = '{_PENDING}'"
 

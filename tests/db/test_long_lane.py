@@ -21,7 +21,7 @@ from django.db import connection, transaction
 
 from jobs_engine import JobPolicy, store
 from jobs_engine.conf import JobsSettings, load_settings
-from jobs_engine.enqueueing import enqueue
+from jobs_engine.enqueueing import enqueue, enqueue_many
 from jobs_engine.errors import TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.lanes.long import LongLane
@@ -153,11 +153,11 @@ def test_prefetched_rows_wait_for_a_free_thread(targets: Any, t0: datetime) -> N
 
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
-def test_the_reserve_and_the_write_of_successes_are_prepared_on_postgresql(
+def test_the_reserve_and_the_write_of_successes_keep_their_plans_on_postgresql(
         targets: Any, t0: datetime) -> None:
     """Both are prepared on the worker's connection, each one text whatever the number of
-    rows (parsed once), and planned at every call for the table as it is then, never with
-    a generic plan frozen at an earlier size."""
+    rows, with a generic plan: PostgreSQL plans them once a ``REPLAN_S``, not at every
+    call (the planning of the reserve took longer than its run)."""
     ran: list[int | None] = []
     targets("ll.planned", handler=lambda job: ran.append(job.id), lane="long",
             policy=JobPolicy(keep_completed=100))
@@ -174,7 +174,55 @@ def test_the_reserve_and_the_write_of_successes_are_prepared_on_postgresql(
                        "FROM pg_prepared_statements WHERE statement LIKE 'WITH locked%' "
                        "OR statement LIKE 'WITH r(id%' ORDER BY 1")
         # Without threads each row's outcome is its own write: 10 writes, one text.
-        assert cursor.fetchall() == [("locked", 0, 4), ("r(id,", 0, 10)]
+        assert cursor.fetchall() == [("locked", 4, 0), ("r(id,", 10, 0)]
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker session keeps a generic plan per prepared statement, made for the table's
+    size at the time: the reserve's plan made on an empty queue walks the whole table.
+    ``REPLAN_S`` later the session makes its plans again, for the table as it is."""
+    from jobs_engine.store import dialect
+
+    clock = [1000.0]
+    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
+    targets("ll.replan", handler=lambda job: None, lane="long")
+    lane = long_worker("R", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    reserves: list[Any] = []
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("WITH locked"):
+            reserves.append(params)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        assert lane.run_once(t0) == 0
+    enqueue_many([{"target": "ll.replan", "run_at": t0} for _ in range(3000)])
+    if connection.vendor != "postgresql":  # no plans kept: nothing more to see
+        assert lane.run_once(t0) == 10
+        return
+
+    def reserve_plan() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name FROM pg_prepared_statements "
+                           "WHERE statement LIKE 'WITH locked%'")
+            (name,) = cursor.fetchone()
+            cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(reserves[-1]))})",
+                           reserves[-1])
+            return "\n".join(line for (line,) in cursor.fetchall())
+
+    assert "Seq Scan on jobs_engine_job j" in reserve_plan()  # kept, made for no rows
+    clock[0] += dialect.REPLAN_S / 2
+    assert lane.run_once(t0) == 10
+    assert "Seq Scan on jobs_engine_job j" in reserve_plan()
+    clock[0] += dialect.REPLAN_S / 2
+    assert lane.run_once(t0) == 10
+    plan = reserve_plan()
+    assert "Seq Scan on jobs_engine_job j" not in plan
+    assert "Index Scan using jobs_long_pending_due" in plan
 
 
 def test_renewed_row_is_never_reclaimed_during_a_7_minute_run(targets: Any,
