@@ -66,9 +66,12 @@ def _json_text(field: str, value: Any, max_bytes: int | None = None) -> str:
         raise InvalidJob(field, str(exc)) from None
 
 
+_ARGUMENTS = frozenset({"target", "payload", "code", "key", "version", "dedupe_key", "headers",
+                        "run_at", "priority"})
+
+
 def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, store.NewJob]:
-    unknown = set(item) - {"target", "payload", "code", "key", "version", "dedupe_key",
-                           "headers", "run_at", "priority"}
+    unknown = item.keys() - _ARGUMENTS
     if unknown:
         raise InvalidJob(sorted(unknown)[0], "is not an enqueue argument")
     if "target" not in item:

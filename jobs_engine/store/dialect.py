@@ -105,14 +105,12 @@ def fetch_insert(sql: str, params: Sequence[Any], using: str | None = None, *,
                  plan_may_be_kept: bool) -> list[tuple[Any, ...]]:
     """``fetch`` for an enqueue's insert, in the caller's session and transaction.
 
-    On PostgreSQL its parameters are bound on the server, not quoted into the text by the
-    driver as Django's cursors do: 100 rows of text arrays cost the driver more to quote
-    than the database to insert, and ``table(..., binary=True)``'s arrays go binary. A
-    statement whose plan may be kept (``plan_may_be_kept``: it inserts values and looks
-    up the unique dedupe key only, the right plan at every size of the table) is also
-    prepared, unless a transaction pooler is declared (``_may_prepare``): a one-row
-    enqueue's planning is a third of its time on the server. The caller's session
-    settings are left as they are.
+    On PostgreSQL its parameters are bound on the server, not quoted into the statement's
+    text as Django's cursors do, so the text repeats and can be prepared. A statement
+    whose plan may be kept (``plan_may_be_kept``: it inserts values and looks up the
+    unique dedupe key only, the right plan at every size of the table) is prepared unless
+    a transaction pooler is declared (``_may_prepare``): planning was a third of a one-row
+    enqueue's time on the server. The caller's session settings are left as they are.
     """
     db = conn(using)
     if db.vendor != "postgresql":
@@ -187,7 +185,7 @@ def clock_sql(now: datetime, using: str | None = None) -> tuple[str, list[Any]]:
 
 def dt(value: datetime | None, using: str | None = None) -> Any:
     """A datetime parameter in the form the backend stores (SQLite keeps naive UTC text)."""
-    return conn(using).ops.adapt_datetimefield_value(value)
+    return None if value is None else conn(using).ops.adapt_datetimefield_value(value)
 
 
 def read_dt(value: Any) -> datetime | None:
@@ -246,18 +244,33 @@ def values_(rows: Sequence[Sequence[Any]]) -> tuple[str, list[Any]]:
 
 
 def table(rows: Sequence[Sequence[Any]], types: Sequence[str], *, using: str | None = None,
-          arrays_from: int = ARRAY_FROM, binary: bool = False) -> tuple[str, list[Any]]:
+          arrays_from: int = ARRAY_FROM, as_json: bool = False) -> tuple[str, list[Any]]:
     """A table of equal-length tuples (``types`` are their PostgreSQL column types), for
     ``FROM (...)``, ``IN (...)`` or a CTE: ``VALUES``, or on PostgreSQL from ``arrays_from``
-    rows ``unnest`` of one array per column. ``binary``: the arrays go in the driver's
-    binary format, no element quoted or parsed as text (statements bound on the server
-    only: ``fetch_insert``)."""
+    rows ``unnest`` of one array per column.
+
+    ``as_json`` (values JSON can carry, and datetimes): on PostgreSQL the rows go as one
+    JSON text that the server takes apart. The driver then encodes one text with the C
+    encoder, where it dumps an array per column element by element in Python: an enqueue
+    of 100 rows took a third less time."""
     if len(rows) >= arrays_from and is_postgres(using):
-        columns = zip(*rows, strict=True)
-        arrays = ", ".join(f"{'%b' if binary else '%s'}::{kind}[]" for kind in types)
-        return f"SELECT * FROM unnest({arrays})", [list(column) if binary else _array(column)
-                                                   for column in columns]
+        if as_json:
+            columns = ", ".join(f"(e->>{n})::{kind}" for n, kind in enumerate(types))
+            return (f"SELECT {columns} FROM jsonb_array_elements(%s::jsonb) e",
+                    [_ROWS_ENCODER.encode(rows)])
+        arrays = ", ".join(f"%s::{kind}[]" for kind in types)
+        return f"SELECT * FROM unnest({arrays})", [_array(column)
+                                                   for column in zip(*rows, strict=True)]
     return values_(rows)
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()  # with its offset: the same instant as the value
+    raise TypeError(f"{type(value).__name__} has no JSON form in a table of parameters")
+
+
+_ROWS_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_iso)
 
 
 # -- locks, notifications, JSON arrays --------------------------------------------------

@@ -221,11 +221,12 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         return _job_insert_one(rows[0], now, using)
     source, params = table(
         [(row.code, row.target, row.lane, row.key, row.partition, row.version,
-          row.payload_json, json_param(row.headers), row.dedupe_key, row.delivery_mode,
+          row.payload_json, json_param(row.headers) if row.headers else "{}", row.dedupe_key,
+          row.delivery_mode,
           dt(row.run_at, using), row.trace_id,
           json_param(row.actor) if row.actor is not None else None, row.priority)
          for row in rows],
-        _INSERT_TYPES, using=using, arrays_from=1, binary=True)  # one text for every size
+        _INSERT_TYPES, using=using, arrays_from=1, as_json=True)  # one text for every size
     stamp, stamp_params = clock_sql(now, using)
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
                    "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
