@@ -221,9 +221,8 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         return _job_insert_one(rows[0], now, using)
     source, params = table(
         [(row.code, row.target, row.lane, row.key, row.partition, row.version,
-          row.payload_json, json_param(row.headers) if row.headers else "{}", row.dedupe_key,
-          row.delivery_mode,
-          dt(row.run_at, using), row.trace_id,
+          row.payload_json, json_param(row.headers) if row.headers else "{}",
+          row.dedupe_key, row.delivery_mode, dt(row.run_at, using), row.trace_id,
           json_param(row.actor) if row.actor is not None else None, row.priority)
          for row in rows],
         _INSERT_TYPES, using=using, arrays_from=1, as_json=True)  # one text for every size
