@@ -15,13 +15,20 @@ latency probes' files) go to PEERS_WORK/je-results, never into the checkout.
 Workers: settings defaults (bench.settings = the project's config.settings plus the bench
 targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WARNING.
 
-Usage (the checkout's venv python): bench_je.py [E100 E1 D1 L]
+  Eprepared  E100 and E1 again with Django's prepared statements turned on (DATABASES
+        OPTIONS prepare_threshold): an extra-setting row. Django leaves them off by default
+        for transaction poolers; then the enqueue's insert is bound on the server but not
+        prepared.
+
+Usage (the checkout's venv python): bench_je.py [E100 E1 Eprepared D1 L]
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +56,25 @@ from bench import run  # noqa: E402  (sets nothing up on import)
 FAST_AT_MOST_ONCE = f"{OURS} fast lane, at-most-once"
 FAST_AT_LEAST_ONCE = f"{OURS} fast lane, at-least-once"
 LONG = f"{OURS} long lane"
+PREPARED = f"{OURS}, Django's prepared statements on"
+PREPARED_SETTING = ("DATABASES OPTIONS prepare_threshold 5 (Django leaves it None, for "
+                    "transaction poolers): the enqueue's insert is prepared")
+
+
+@contextlib.contextmanager
+def prepared_statements_on() -> Iterator[None]:
+    """The project's database with Django's prepared statements turned on, as a project
+    without a transaction pooler may: a new connection for the block and after it."""
+    from django.db import connection
+
+    options = connection.settings_dict["OPTIONS"]
+    connection.close()
+    connection.settings_dict["OPTIONS"] = {**options, "prepare_threshold": 5}
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict["OPTIONS"] = options
 
 
 def main(which: list[str]) -> None:
@@ -71,6 +97,13 @@ def main(which: list[str]) -> None:
                 r = workloads.phase_e1(o)
                 record(OURS, "E1", r["e1"], family=OURS, n=o.e1_n,
                        raw_psycopg_same_process=r.get("e1_raw"), api="enqueue")
+            elif w == "Eprepared":
+                with prepared_statements_on():
+                    e100 = workloads.phase_e100(o)["e100"]
+                    e1 = workloads.phase_e1(o)["e1"]
+                for metric, value, n in (("E100", e100, o.e100_n), ("E1", e1, o.e1_n)):
+                    record(PREPARED, metric, value, family=OURS, defaults=False, n=n,
+                           settings=PREPARED_SETTING)
             elif w == "D1":
                 for system, command, target, n in (
                         (FAST_AT_MOST_ONCE, "run_fast_lane", targets.AT_MOST_ONCE, o.d1_n),
@@ -96,4 +129,4 @@ def main(which: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["E100", "E1", "D1", "L"])
+    main(sys.argv[1:] or ["E100", "E1", "Eprepared", "D1", "L"])

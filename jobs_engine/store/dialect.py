@@ -108,21 +108,16 @@ def fetch_insert(sql: str, params: Sequence[Any], using: str | None = None, *,
     On PostgreSQL its parameters are bound on the server, not quoted into the statement's
     text as Django's cursors do, so the text repeats and can be prepared. A statement
     whose plan may be kept (``plan_may_be_kept``: it inserts values and looks up the
-    unique dedupe key only, the right plan at every size of the table) is prepared unless
-    a transaction pooler is declared (``_may_prepare``): planning was a third of a one-row
+    unique dedupe key only, the right plan at every size of the table) is prepared where
+    the connection allows it (``_may_prepare``): planning was a third of a one-row
     enqueue's time on the server. The caller's session settings are left as they are.
     """
     db = conn(using)
     if db.vendor != "postgresql":
         return fetch(sql, params, using)
     db.ensure_connection()
-    raw_connection = db.connection
     prepare = plan_may_be_kept and _may_prepare(db)
-    if prepare and raw_connection.prepare_threshold is None:
-        # Django turns preparing off where it binds client-side; only server-side cursors
-        # read this, so it changes none of Django's own.
-        raw_connection.prepare_threshold = 0
-    with _wrapped(db, _insert_cursor_class(prepare)(raw_connection)) as cursor:
+    with _wrapped(db, _insert_cursor_class(prepare)(db.connection)) as cursor:
         cursor.cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
         cursor.execute(sql, params)
         return cursor.fetchall()
@@ -142,15 +137,15 @@ def _insert_cursor_class(prepare: bool) -> type:
 
 
 def _may_prepare(db: Any) -> bool:
-    """Whether a statement may be prepared on the caller's connection: not behind a
-    transaction-mode pooler, which a project declares to Django with
-    ``DISABLE_SERVER_SIDE_CURSORS`` (a prepared statement lives in one server session,
-    and such a pooler may hand the next transaction another). Where the project binds
-    server-side itself, its own ``prepare_threshold`` decides (None: never)."""
+    """Whether a statement may be prepared on the caller's connection. Django leaves
+    prepared statements off unless the project turns them on (``OPTIONS``
+    ``prepare_threshold``): a transaction-mode pooler may give the next transaction
+    another server session, where a statement prepared in this one does not exist. A
+    worker's session has them on (``_prepared_cursor``; it needs a session anyway).
+    ``DISABLE_SERVER_SIDE_CURSORS``, Django's setting for such a pooler, keeps them off."""
     if db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
         return False
-    return (db.settings_dict["OPTIONS"].get("server_side_binding") is not True
-            or db.connection.prepare_threshold is not None)
+    return db.connection.prepare_threshold is not None
 
 
 def _wrapped(db: Any, raw: Any) -> Any:

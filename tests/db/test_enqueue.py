@@ -411,12 +411,24 @@ def _prepared_inserts() -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+@pytest.fixture
+def prepared_statements_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A session of the test's own, on which the project turned Django's prepared
+    statements on (``OPTIONS["prepare_threshold"]``); closed again after the test."""
+    connection.close()
+    options = dict(connection.settings_dict["OPTIONS"], prepare_threshold=5)
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    yield
+    connection.close()
+
+
 @TRANSACTIONAL
-def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(fast: Target) -> None:
-    """PostgreSQL: a one-row enqueue and a batch without keys are prepared on the caller's
-    connection; a batch with keys looks up each key's head, a plan that must follow the
-    table's size, so it is planned at every call. The rows are the same either way."""
-    connection.close()  # a session of this test's own: nothing prepared yet
+def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(
+        fast: Target, prepared_statements_on: None) -> None:
+    """PostgreSQL, where the project allows prepared statements: a one-row enqueue and a
+    batch without keys are prepared on the caller's connection; a batch with keys looks
+    up each key's head, a plan that must follow the table's size, so it is planned at
+    every call. The rows are the same either way."""
     enqueue("t:fast", 1)
     enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
     enqueue_many([{"target": "t:fast", "payload": i, "key": f"k{i}"} for i in range(20)])
@@ -431,12 +443,24 @@ def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(fast: Targ
 
 
 @TRANSACTIONAL
-def test_behind_a_declared_transaction_pooler_no_insert_is_prepared(
-        fast: Target, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A project behind a transaction-mode pooler says so to Django with
-    ``DISABLE_SERVER_SIDE_CURSORS``: the pooler may give the next transaction another
-    server session, where a statement prepared in this one does not exist."""
+def test_nothing_is_prepared_where_django_leaves_prepared_statements_off(fast: Target
+                                                                         ) -> None:
+    """Django's default (no ``prepare_threshold``) keeps transaction poolers working: a
+    pooler may give the next transaction another server session, where a statement
+    prepared in this one does not exist. The insert is still bound on the server."""
     connection.close()
+    for n in range(3):
+        enqueue("t:fast", n)
+        enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
+    assert count_jobs() == 63
+    assert _prepared_inserts() == []
+
+
+@TRANSACTIONAL
+def test_behind_a_declared_transaction_pooler_no_insert_is_prepared(
+        fast: Target, prepared_statements_on: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DISABLE_SERVER_SIDE_CURSORS``, Django's setting for a transaction-mode pooler,
+    keeps the insert unprepared even where prepared statements are on."""
     monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     for n in range(3):
         enqueue("t:fast", n)
@@ -446,10 +470,10 @@ def test_behind_a_declared_transaction_pooler_no_insert_is_prepared(
 
 
 @TRANSACTIONAL
-def test_an_insert_prepared_in_a_rolled_back_transaction_still_serves(fast: Target) -> None:
+def test_an_insert_prepared_in_a_rolled_back_transaction_still_serves(
+        fast: Target, prepared_statements_on: None) -> None:
     """A statement prepared inside a transaction outlives its rollback: the next enqueue,
     in another transaction, runs it and stores its row; the rolled-back one stored none."""
-    connection.close()
     with pytest.raises(Boom), transaction.atomic():
         enqueue("t:fast", 1, dedupe_key="rolled-back")
         raise Boom
