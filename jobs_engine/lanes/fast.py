@@ -182,12 +182,20 @@ class FastLane:
             self._unwritten[poll_out.token] = poll_out
 
     def _write(self, poll_out: Unwritten, now: datetime) -> None:
-        """Write a poll's outcomes and clear its marks in one transaction, then report."""
+        """Write a poll's outcomes and clear its marks atomically, then report: in one
+        statement when they are successes of one kind (``outcomes.grouped``; no BEGIN
+        and COMMIT round trips), else in one transaction."""
+        guard = store.Guard(Lane.FAST, poll_out.token)
+        statements = outcomes.grouped(poll_out.results)
         try:
-            with transaction.atomic():
-                written = outcomes.write(store.Guard(Lane.FAST, poll_out.token),
-                                         poll_out.results, now, self.settings)
-                store.partitions_clear_inflight(poll_out.token)
+            if statements.one_statement:
+                written = outcomes.write(guard, poll_out.results, now, self.settings,
+                                         statements, clear_marks=True)
+            else:
+                with transaction.atomic():
+                    written = outcomes.write(guard, poll_out.results, now, self.settings,
+                                             statements)
+                    store.partitions_clear_inflight(poll_out.token)
         except Exception as exc:
             if is_database_fault(exc):
                 self._keep_unwritten(poll_out)

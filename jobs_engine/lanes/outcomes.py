@@ -177,10 +177,12 @@ def grouped(results: Sequence[RunResult]) -> Grouped:
 
 
 def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
-          settings: JobsSettings, statements: Grouped | None = None) -> list[RunResult]:
+          settings: JobsSettings, statements: Grouped | None = None, *,
+          clear_marks: bool = False) -> list[RunResult]:
     """The outcome statements, then the hourly statistics of the results whose write
     matched, all in the caller's transaction (or, for ``one_statement``, in that one
-    statement); returns those results.
+    statement, which with ``clear_marks`` also clears the fast poll's in-flight marks);
+    returns those results.
 
     A write that matches no row means the holder lost the row (lease taken over, or an
     admin changed it): the result is reported as ``lost`` and nothing else happens.
@@ -196,7 +198,8 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
             store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
                        now - timedelta(milliseconds=r.duration_ms), r.duration_ms, r.try_json)
             for r in group], now, keep=keep,
-            count_as=(hour, OutcomeKind.OK.value) if one_statement else None)
+            count_as=(hour, OutcomeKind.OK.value) if one_statement else None,
+            clear_marks=clear_marks and one_statement)
         # A statement for a whole send reports only a count; a short one is rare (a
         # takeover raced us): the rows still in the table are the ones it did not match.
         if matched == len(group):

@@ -753,7 +753,7 @@ def _tries_after(tried: str, tries: str = "tries") -> str:
 
 
 def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
-              count_as: tuple[datetime, str] | None = None) -> int:
+              count_as: tuple[datetime, str] | None = None, clear_marks: bool = False) -> int:
     """Record the jobs of one send whose handler returned; returns how many rows matched.
 
     ``keep``: the target's ``keep_completed`` (0 for rows of targets that keep none). The
@@ -766,6 +766,8 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     ``count_as`` (hour, outcome; only where writable CTEs allow): the same statement also
     adds the rows it matched to the hourly statistics, so a write of successes is one
     statement, atomic without a transaction (no BEGIN and COMMIT round trips).
+    ``clear_marks`` (fast lane, with ``count_as``): it also clears the poll's in-flight
+    marks (``partitions_clear_inflight``), the last write of a poll.
     """
     if not done:
         return 0
@@ -781,6 +783,11 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
                    "ON CONFLICT (hour, target, outcome) "
                    f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count RETURNING 1)")
         count_params = [dt(count_as[0]), count_as[1]]
+    if clear_marks:
+        assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
+        counted += (f", cleared AS (UPDATE {PARTITIONS} SET inflight_ids = '[]'::jsonb, "
+                    "inflight_token = NULL WHERE inflight_token = %s RETURNING 1)")
+        count_params.append(guard.token)
     if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
         if counted:

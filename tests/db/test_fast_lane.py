@@ -29,7 +29,7 @@ from jobs_engine.job import Job
 from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.models import CompletedJob, Partition, TargetPause
+from jobs_engine.models import CompletedJob, JobStat, Partition, TargetPause
 from jobs_engine.models import Job as JobModel
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race
@@ -607,6 +607,30 @@ def test_batch_handler_gets_all_rows_of_a_poll_in_one_call(targets: Any, t0: dat
     failed = {batch[1] for batch in batches}
     assert set(JobModel.objects.values_list("id", flat=True)) == failed
     assert all(row(i).attempts == 1 for i in failed)  # type: ignore[arg-type]
+
+
+def test_a_poll_of_successes_is_written_and_its_marks_cleared_in_one_statement(
+        targets: Any, t0: datetime) -> None:
+    """PostgreSQL: the outcomes of a poll whose rows all succeeded, their statistics and
+    the clear of the poll's in-flight marks are one statement, atomic without a
+    transaction. SQLite writes them in one transaction. The result is the same."""
+    targets("fl.one_write", handler=lambda job: None, delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    ids = [put("fl.one_write", t0, key=f"k{i}") for i in range(6)]
+    with CaptureQueriesContext(connection) as queries:
+        assert make_worker("A").run(t0) == 6
+    writes = [q["sql"] for q in queries if "DELETE FROM" in q["sql"]]
+    clears = [q["sql"] for q in queries if "inflight_token = NULL" in q["sql"]]
+    assert len(writes) == 1
+    if connection.vendor == "postgresql":
+        assert clears == writes, "the clear is part of the write"
+    else:
+        assert len(clears) == 1 and clears != writes
+    assert not JobModel.objects.filter(id__in=ids).exists()
+    assert set(CompletedJob.objects.values_list("id", flat=True)) == set(ids)
+    assert all(p.inflight_ids == [] and p.inflight_token is None
+               for p in Partition.objects.all())
+    assert sum(JobStat.objects.filter(target="fl.one_write", outcome="ok")
+               .values_list("count", flat=True)) == 6
 
 
 # -- lost leases and takeovers -----------------------------------------------------------------
