@@ -443,25 +443,20 @@ def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(
 
 
 @TRANSACTIONAL
-def test_nothing_is_prepared_where_django_leaves_prepared_statements_off(fast: Target
-                                                                         ) -> None:
+@pytest.mark.parametrize("pooler_declared", [False, True],
+                         ids=["django-default", "disable-server-side-cursors"])
+def test_no_insert_is_prepared_where_a_transaction_pooler_may_be(
+        fast: Target, pooler_declared: bool, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Django's default (no ``prepare_threshold``) keeps transaction poolers working: a
     pooler may give the next transaction another server session, where a statement
-    prepared in this one does not exist. The insert is still bound on the server."""
+    prepared in this one does not exist. ``DISABLE_SERVER_SIDE_CURSORS``, Django's
+    setting for such a pooler, keeps the insert unprepared even where prepared
+    statements are on. Either way the insert is still bound on the server."""
     connection.close()
-    for n in range(3):
-        enqueue("t:fast", n)
-        enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
-    assert count_jobs() == 63
-    assert _prepared_inserts() == []
-
-
-@TRANSACTIONAL
-def test_behind_a_declared_transaction_pooler_no_insert_is_prepared(
-        fast: Target, prepared_statements_on: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``DISABLE_SERVER_SIDE_CURSORS``, Django's setting for a transaction-mode pooler,
-    keeps the insert unprepared even where prepared statements are on."""
-    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
+    if pooler_declared:
+        request.getfixturevalue("prepared_statements_on")
+        monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     for n in range(3):
         enqueue("t:fast", n)
         enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
