@@ -15,12 +15,14 @@ latency probes' files) go to PEERS_WORK/je-results, never into the checkout.
 Workers: settings defaults (bench.settings = the project's config.settings plus the bench
 targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WARNING.
 
+  D1batch  the at-least-once drain again with FAST_BATCH 1,000 (default 100): an
+        extra-setting row, beside River's with its own benchmark's settings
   Eprepared  E100 and E1 again with Django's prepared statements turned on (DATABASES
         OPTIONS prepare_threshold): an extra-setting row. Django leaves them off by default
         for transaction poolers; then the enqueue's insert is bound on the server but not
         prepared.
 
-Usage (the checkout's venv python): bench_je.py [E100 E1 Eprepared D1 L]
+Usage (the checkout's venv python): bench_je.py [E100 E1 Eprepared D1 D1batch L]
 """
 
 from __future__ import annotations
@@ -57,6 +59,10 @@ FAST_AT_MOST_ONCE = f"{OURS} fast lane, at-most-once"
 FAST_AT_LEAST_ONCE = f"{OURS} fast lane, at-least-once"
 LONG = f"{OURS} long lane"
 PREPARED = f"{OURS}, Django's prepared statements on"
+# The fast lane's rows per poll for the extra-setting drain (River's own benchmark has its
+# extra-setting row too): a poll's fixed cost, ~3 ms of statements, spread over more rows.
+BIG_BATCH = 1_000
+FAST_BIG_BATCH = f"{FAST_AT_LEAST_ONCE}, FAST_BATCH {BIG_BATCH}"
 PREPARED_SETTING = ("DATABASES OPTIONS prepare_threshold 5 (Django leaves it None, for "
                     "transaction poolers): the enqueue's insert is prepared")
 
@@ -115,6 +121,15 @@ def main(which: list[str]) -> None:
                            d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
                            drain_s=d["drain_s"], dead=d["dead"], n=n,
                            concurrency=one_worker.format(command))
+            elif w == "D1batch":
+                d = harness.drain(o, "run_fast_lane", targets.AT_LEAST_ONCE, o.d1_n, 1,
+                                  "peers-d1-batch", lambda: True,
+                                  env={"JOBS_FAST_BATCH": str(BIG_BATCH)})
+                record(FAST_BIG_BATCH, "D1", d["rate"], family=OURS, defaults=False,
+                       settings=f"JOBS FAST_BATCH {BIG_BATCH} (default 100)",
+                       d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
+                       drain_s=d["drain_s"], dead=d["dead"], n=o.d1_n,
+                       concurrency=one_worker.format("run_fast_lane"))
             elif w == "L":
                 for system, lane in ((FAST_AT_MOST_ONCE, "fast"), (LONG, "long")):
                     p50, p99, missing = workloads.latency_run(o, "notify", lane)
@@ -129,4 +144,4 @@ def main(which: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["E100", "E1", "Eprepared", "D1", "L"])
+    main(sys.argv[1:] or ["E100", "E1", "Eprepared", "D1", "D1batch", "L"])

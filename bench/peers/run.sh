@@ -32,7 +32,7 @@ export BENCH_RESULTS="$RES"
 ROUNDS="${ROUNDS:-3}"
 
 sys_baseline() { "$PEERS_PY" bench_baseline.py && "$PEERS_PY" bench_baseline_lat.py; }
-sys_je()       { "$JE_PYTHON" bench_je.py E100 E1 Eprepared D1 L; }
+sys_je()       { "$JE_PYTHON" bench_je.py E100 E1 Eprepared D1 D1batch L; }
 sys_river()    { "$PEERS_PY" run_peer.py river E100 E100fast E1 D1 D1c1 D1bench L; }
 sys_graphile() { "$PEERS_PY" run_peer.py graphile E100 E1 D1 L; }
 sys_pgqueuer() { "$PEERS_PY" run_peer.py pgqueuer E100 E1 D1 L; }
