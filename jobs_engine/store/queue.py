@@ -354,10 +354,14 @@ def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
         f"SELECT id FROM {JOBS} WHERE status = %s AND {pending}", [_PENDING, *params])}
 
 
+def _clear_inflight(token: str) -> tuple[str, list[Any]]:
+    return (f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
+            "WHERE inflight_token = %s", ["[]", token])
+
+
 def partitions_clear_inflight(token: str) -> None:
     """Clear the in-flight marks a poll made (its outcomes are written)."""
-    execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
-            "WHERE inflight_token = %s", ["[]", token])
+    execute(*_clear_inflight(token))
 
 
 # -- fast lane ----------------------------------------------------------------------------
@@ -785,9 +789,9 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         count_params = [dt(count_as[0]), count_as[1]]
     if clear_marks:
         assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
-        counted += (f", cleared AS (UPDATE {PARTITIONS} SET inflight_ids = '[]'::jsonb, "
-                    "inflight_token = NULL WHERE inflight_token = %s RETURNING 1)")
-        count_params.append(guard.token)
+        clear, clear_params = _clear_inflight(guard.token)
+        counted += f", cleared AS ({clear} RETURNING 1)"
+        count_params += clear_params
     if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
         if counted:
