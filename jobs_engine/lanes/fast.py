@@ -10,9 +10,10 @@ still PENDING.
 A send is one row, except for targets with a batch handler and at-least-once targets
 (for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
 get all their rows of the poll in one send. So a poll costs a handful of statements, not a
-few per row, which is the route to speed. When the poll's first send is such a send, the
-read marks its rows itself (``store.jobs_fast_poll``): the busiest case, one batch target
-such as a Kafka topic, needs no mark statement of its own.
+few per row, which is the route to speed. The read marks the rows of the poll's first send
+itself (``store.jobs_fast_poll``), and that send goes first: the busiest case, one batch
+target such as a Kafka topic, needs no mark statement of its own, and neither does an idle
+worker woken for one at-most-once row.
 
 A database fault does not lose what was sent: the poll's results wait (``Unwritten``) and
 are written before anything else is polled (docs/design.md#database-outages).
@@ -115,13 +116,15 @@ class FastLane:
                        and t.name not in gate.skip), key=lambda t: t.name)
         limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
         # A paused target's probe row may be given back: only others are marked by the read.
-        markable = [t.name for t in fast if takes_whole_poll(t) and t.name not in gate.expired]
+        markable = [t.name for t in fast if t.name not in gate.expired]
+        one_row = [t.name for t in fast if not takes_whole_poll(t)]
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.
         poll_out = Unwritten(uuid.uuid4().hex)
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
-                                        token=poll_out.token, markable=markable)
+                                        token=poll_out.token, markable=markable,
+                                        one_row=one_row)
             jobs = poll.jobs + self._backlog_heads(held, now, limits, poll.jobs)
             jobs, _, poll_out.probes = self.pauses.probe_rows(jobs, gate, now)
             if not jobs:  # unsent rows stay PENDING
@@ -219,8 +222,13 @@ class FastLane:
                 targets[name] = None
         token = poll_out.token
         inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
-        for send in sends_of(jobs, targets):
-            if send[0].target == poll.marked_target:
+        sends = sends_of(jobs, targets)
+        if poll.marked_target is not None:  # its first send was marked by the read: first
+            marked = next(i for i, send in enumerate(sends)
+                          if send[0].target == poll.marked_target)
+            sends.insert(0, sends.pop(marked))
+        for index, send in enumerate(sends):
+            if index == 0 and send[0].target == poll.marked_target:
                 # Marked by the read: in hand already, so a stop request does not leave
                 # them unsent. Rows of a partition the read could not mark take the usual
                 # path.

@@ -609,6 +609,50 @@ def test_batch_handler_gets_all_rows_of_a_poll_in_one_call(targets: Any, t0: dat
     assert all(row(i).attempts == 1 for i in failed)  # type: ignore[arg-type]
 
 
+def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: datetime
+                                                        ) -> None:
+    """At-most-once, one row per send: on PostgreSQL the poll's read marks the first row
+    in flight, so a worker woken for one row hands it after one statement; each later row
+    is marked by a statement of its own just before it is handed. SQLite marks the first
+    row right after the read."""
+    seen: list[tuple[int | None, list[str]]] = []
+    start = len(connection.queries_log)
+
+    def handler(job: Job) -> None:
+        seen.append((job.id, [q["sql"] for q in list(connection.queries_log)[start:]]))
+
+    targets("fl.per-row", handler=handler)
+    ids = [put("fl.per-row", t0 + i * SECOND / 10, key=key)
+           for i, key in enumerate(keys_in({11}, 3, "per-row"))]
+    with CaptureQueriesContext(connection):
+        start = len(connection.queries_log)
+        assert make_worker("A").run(t0 + SECOND) == 3
+    assert [job_id for job_id, _ in seen] == ids
+    marks = [[sql for sql in statements if "SET inflight_ids" in sql
+              and "inflight_token = NULL" not in sql] for _, statements in seen]
+    assert [len(m) for m in marks] == [1, 2, 3]
+    if connection.vendor == "postgresql":
+        assert "FROM due ORDER BY next_run_at, id" in marks[0][0]  # the read itself
+    assert not JobModel.objects.filter(id__in=ids).exists()
+
+
+def test_the_send_the_read_marked_goes_first(targets: Any, t0: datetime,
+                                             jobs_settings: Any) -> None:
+    """A head found by the walk of a whole backlog may be of a target earlier in name
+    order than the one whose row the read marked; the marked row is still handed first, so
+    no row sits marked in flight (judged sent, were the worker to die) while another send
+    runs."""
+    order: list[str] = []
+    targets("fl.a-held", handler=lambda job: order.append(job.target))
+    targets("fl.b-marked", handler=lambda job: order.append(job.target))
+    for version, seconds_ago in ((2, 3), (1, 1)):  # v1 committed last, due last
+        put("fl.a-held", t0 - seconds_ago * SECOND, key="k", version=version)
+    put("fl.b-marked", t0 - 2 * SECOND, key="b")
+    worker = make_worker("A", jobs_settings(FAST_BATCH=1))
+    assert worker.run(t0) == 2
+    assert order == ["fl.b-marked", "fl.a-held"]
+
+
 def test_a_poll_of_successes_is_written_and_its_marks_cleared_in_one_statement(
         targets: Any, t0: datetime) -> None:
     """PostgreSQL: the outcomes of a poll whose rows all succeeded, their statistics and
@@ -698,13 +742,16 @@ def test_lease_lost_between_rows_sends_no_further_row(targets: Any, t0: datetime
     assert (row(second).status, row(second).attempts) == (JobStatus.PENDING, 0)
 
 
-@pytest.mark.parametrize("kind", ["per-row", "batch-handler", "at-least-once"])
+@pytest.mark.parametrize("kind", ["per-row", "per-row, second send", "batch-handler",
+                                  "at-least-once"])
 def test_a_stall_between_the_mark_and_the_hand_off_hands_nothing(
         targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
     """A stalls (SIGSTOP, a GC pause) right after marking, long enough to lose its lease:
     it hands nothing of that partition (its new owner may have sent later versions by
-    now), and leaves the row as it was, its mark cleared, for the next owner. Per-row sends
-    are marked by a statement of their own, the others by the poll's read (PostgreSQL)."""
+    now), and leaves the row as it was, its mark cleared, for the next owner. The poll's
+    first send is marked by the read (PostgreSQL) or right after it (SQLite); a later
+    per-row send (here after a row of a target first in name order) by a statement of its
+    own."""
     handed: list[Job] = []
 
     def batch(jobs: Any) -> list[None]:
@@ -712,25 +759,32 @@ def test_a_stall_between_the_mark_and_the_hand_off_hands_nothing(
         return [None] * len(jobs)
 
     target = targets("fl.stalled-mark", handler=handed.append, **{
-        "per-row": {}, "batch-handler": {"batch_handler": batch},
+        "per-row": {}, "per-row, second send": {}, "batch-handler": {"batch_handler": batch},
         "at-least-once": {"delivery_mode": DeliveryMode.AT_LEAST_ONCE}}[kind])
     a = make_worker("A")
     job_id = put("fl.stalled-mark", t0, key=keys_in({11}, 1, "stalled")[0])
+    if kind == "per-row, second send":
+        first = targets("fl.a-first")
+        put("fl.a-first", t0, key=keys_in({12}, 1, "first")[0])
 
-    def stall(real: Callable[..., Any]) -> Callable[..., Any]:
+    def stall(real: Callable[..., Any], marks_row: Callable[..., bool]) -> Callable[..., Any]:
         def marked_then_stalled(*args: Any, **kwargs: Any) -> Any:
             result = real(*args, **kwargs)
-            a.clock.advance(31)
+            if marks_row(result, *args):
+                a.clock.advance(31)
             return result
         return marked_then_stalled
 
-    if kind != "per-row":  # the read marks (PostgreSQL), or marks right after (SQLite)
-        monkeypatch.setattr(store, "jobs_fast_poll", stall(store.jobs_fast_poll))
-    else:
-        monkeypatch.setattr(store, "partitions_mark_inflight_if_leased",
-                            stall(store.partitions_mark_inflight_if_leased))
-    assert a.run(t0) == 0
+    monkeypatch.setattr(store, "jobs_fast_poll", stall(
+        store.jobs_fast_poll,
+        lambda poll, *_: any(job_id in ids for ids in poll.marked.values())))
+    monkeypatch.setattr(store, "partitions_mark_inflight_if_leased", stall(
+        store.partitions_mark_inflight_if_leased,
+        lambda marked, *args: 11 in marked and any(row[1] == job_id for row in args[4])))
+    assert a.run(t0) == (1 if kind == "per-row, second send" else 0)
     assert handed == [] and target.extra["calls"] == []
+    if kind == "per-row, second send":
+        assert len(first.extra["calls"]) == 1
     assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
     assert Partition.objects.get(partition=11).inflight_ids == []
 
