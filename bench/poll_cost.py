@@ -201,7 +201,7 @@ def fast_poll(now: datetime) -> int:
     """The worker's poll statement, prepared as in a worker (``POLL_OWNER`` holds no
     partition, so it marks nothing); the rows it read."""
     return len(store.jobs_fast_poll(POLL_PARTITIONS, now, POLL_TARGETS, owner=POLL_OWNER,
-                                    token="bench-poll", markable=list(POLL_TARGETS)).jobs)
+                                    token="bench-poll").jobs)
 
 
 def measure_poll(reps: int) -> dict[str, Any]:

@@ -110,23 +110,21 @@ class FastLane:
             return 0
         now = now or self._time.now()
         clock = DatabaseClock(now, self._monotonic)
-        gate = self.pauses.check(now, Lane.FAST)
         # Only targets registered here: another release's rows wait for its own workers.
-        fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy
-                       and t.name not in gate.skip), key=lambda t: t.name)
+        # The read skips paused targets itself.
+        fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy),
+                      key=lambda t: t.name)
         limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
-        # A paused target's probe row may be given back: only others are marked by the read.
-        markable = [t.name for t in fast if t.name not in gate.expired]
         one_row = [t.name for t in fast if not takes_whole_poll(t)]
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.
         poll_out = Unwritten(uuid.uuid4().hex)
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
-                                        token=poll_out.token, markable=markable,
-                                        one_row=one_row)
-            jobs = poll.jobs + self._backlog_heads(held, now, limits, poll.jobs)
-            jobs, _, poll_out.probes = self.pauses.probe_rows(jobs, gate, now)
+                                        token=poll_out.token, one_row=one_row)
+            walk = self._backlog_heads(held, now, limits, poll.jobs)
+            jobs, _, poll_out.probes = self.pauses.probe_rows(
+                poll.jobs + walk.jobs, poll.probing | walk.probing, now)
             if not jobs:  # unsent rows stay PENDING
                 return 0
             partitions = {job.partition for job in jobs}
@@ -143,16 +141,16 @@ class FastLane:
         return len(poll_out.results)
 
     def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
-                       jobs: list[Job]) -> list[Job]:
+                       jobs: list[Job]) -> store.FastPoll:
         """Heads from the whole due backlog of the targets the poll read nothing of, at
         most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
         stall its target, and the walk reads that target's whole backlog."""
         if self._monotonic() < self._next_backlog_walk:
-            return []
+            return store.FastPoll([])
         found = {job.target for job in jobs}
         missing = {name: limit for name, limit in limits.items() if name not in found}
         if not missing:
-            return []
+            return store.FastPoll([])
         self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
         return store.jobs_fast_due(held, now, missing, whole_backlog=True)
 

@@ -33,7 +33,7 @@ from jobs_engine.lanes.clock import DatabaseClock, DatabaseTime
 from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
-from jobs_engine.lanes.pauses import Gate, PauseGate
+from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import Lane
 
@@ -156,8 +156,8 @@ class LongLane:
         earlier tries, and the targets probed."""
         if not unstarted:
             return [], frozenset()
-        gate = Gate(skip=frozenset(), expired=frozenset(job.target for job in unstarted))
-        probe_rows, give_back, probes = self.pauses.probe_rows(unstarted, gate, now)
+        probe_rows, give_back, probes = self.pauses.probe_rows(
+            unstarted, {job.target for job in unstarted}, now)
         for job in give_back:
             store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
                                         None, now)

@@ -7,46 +7,29 @@ one that does not extends it by another ``PROBE_S``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Collection
 from datetime import datetime
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
-from jobs_engine.registry import get_target
-from jobs_engine.states import Lane
-
-
-@dataclass(frozen=True)
-class Gate:
-    skip: frozenset[str]  # paused targets: read nothing of them
-    expired: frozenset[str]  # paused targets whose pause ran out: a probe may go
 
 
 class PauseGate:
+    """The probe of a paused target whose pause ran out. The lanes' reads skip paused
+    targets themselves and tell which rows they read are of a target whose pause ran
+    out (``store.jobs_fast_poll``, ``store.jobs_long_reserve``)."""
+
     def __init__(self, worker_id: str, settings: JobsSettings) -> None:
         self.worker_id = worker_id
         self.settings = settings
-
-    def check(self, now: datetime, lane: Lane) -> Gate:
-        skip: set[str] = set()
-        expired: set[str] = set()
-        for pause in store.pauses_all():
-            try:
-                if get_target(pause.target).lane is not lane:
-                    continue
-            except UnknownTarget:
-                continue
-            (expired if pause.paused_until <= now else skip).add(pause.target)
-        return Gate(frozenset(skip), frozenset(expired))
 
     def claim_probe(self, target: str, now: datetime) -> bool:
         """Called only by a worker that holds a due row of ``target``, so the winner
         really sends the probe."""
         return store.pause_claim_probe(target, self.worker_id, now, self.settings.PROBE_S)
 
-    def probe_rows(self, rows: list[Job], gate: Gate, now: datetime
+    def probe_rows(self, rows: list[Job], expired: Collection[str], now: datetime
                    ) -> tuple[list[Job], list[Job], frozenset[str]]:
         """Split ``rows`` into (to run, to give back, targets probed by this worker).
 
@@ -58,7 +41,7 @@ class PauseGate:
         probing: set[str] = set()
         decided: dict[str, bool] = {}
         for row in rows:
-            if row.target not in gate.expired:
+            if row.target not in expired:
                 keep.append(row)
                 continue
             if row.target not in decided:

@@ -370,12 +370,16 @@ def partitions_clear_inflight(token: str) -> None:
 
 def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
                     whole_backlog: bool = False) -> tuple[str, list[Any]]:
-    """The heads of each target in ``limits``: ``_JOB_COLUMNS`` plus ``next_run_at``.
+    """The heads of each target in ``limits`` that is not paused: ``_JOB_COLUMNS``,
+    ``next_run_at`` and ``probe`` (the target's pause ran out: one of its rows may go as
+    the probe, ``PauseGate.probe_rows``).
 
     A target's heads are those among its first ``limit`` due rows (its window), so a deep
     backlog on few keys costs a poll ``limit`` rows, not the whole backlog; the later
     versions among them wait for a later poll. ``whole_backlog``: the first ``limit``
-    heads of the whole due backlog.
+    heads of the whole due backlog. The pauses are read by the same statement, as the long
+    lane's reserve reads them: a read of its own was one more round trip per poll, and
+    on an idle worker's wake-up.
 
     PostgreSQL reads the windows in a lateral join over the (target, limit) pairs: one
     text however many targets, so the driver converts it once per session (it converts a
@@ -392,27 +396,50 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
             "AND (e.version, e.id) < (j.version, j.id)))")
     order = "ORDER BY j.next_run_at, j.id LIMIT {limit}"
     window = f"{due} AND {head} {order}" if whole_backlog else f"{due} {order}"
+    paused = f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = {{target}})"
+    pause_runs = (f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = {{target}} "
+                  "AND p.paused_until > %s)")
     if is_postgres():
-        windows, params = table(list(limits.items()), ("text", "int"), arrays_from=1)
+        pairs, params = table(list(limits.items()), ("text", "int"), arrays_from=1)
+        windows = (f"SELECT w.target, w.n, {paused.format(target='w.target')} AS probe "
+                   f"FROM ({pairs}) AS w(target, n) "
+                   f"WHERE NOT {pause_runs.format(target='w.target')}")
         window = window.format(target="w.target", limit="w.n")
-        return (f"SELECT j.* FROM ({windows}) AS w(target, n) CROSS JOIN LATERAL "
+        return (f"SELECT j.*, w.probe FROM ({windows}) AS w CROSS JOIN LATERAL "
                 f"({window}) AS j" + ("" if whole_backlog else f" WHERE {head}"),
-                [*params, dt(now), *part_params])
-    window = window.format(target="%s", limit="%s")
-    per_target = ("SELECT * FROM ({window}) AS t{n}" if whole_backlog
-                  else "SELECT * FROM ({window}) AS j WHERE " + head)
-    branches, params = [], []
-    for n, (target, limit) in enumerate(limits.items()):
-        branches.append(per_target.format(window=window, n=n))
-        params += [target, dt(now), *part_params, limit]
-    return " UNION ALL ".join(branches), params
+                [*params, dt(now), dt(now), *part_params])
+    per_target = (f"SELECT *, {paused.format(target='%s')} AS probe "
+                  f"FROM ({window.format(target='%s', limit='%s')}) AS j "
+                  f"WHERE NOT {pause_runs.format(target='%s')}"
+                  + ("" if whole_backlog else f" AND {head}"))
+    params = []
+    for target, limit in limits.items():
+        params += [target, target, dt(now), *part_params, limit, target, dt(now)]
+    return " UNION ALL ".join([per_target] * len(limits)), params
+
+
+@dataclass(frozen=True)
+class FastPoll:
+    """A fast-lane read: its jobs in run order, the targets among them whose pause ran
+    out, and (``jobs_fast_poll``) the first send's rows the read marked in flight."""
+
+    jobs: list[Job]
+    probing: frozenset[str] = frozenset()
+    marked_target: str | None = None
+    marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
+
+
+def _read_fast(fetched: Sequence[Sequence[Any]], probe_at: int) -> FastPoll:
+    jobs = [_job(row) for row in fetched]
+    return FastPoll(jobs, frozenset(job.target for job, row in zip(jobs, fetched, strict=True)
+                                    if row[probe_at]))
 
 
 def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
-                  whole_backlog: bool = False) -> list[Job]:
-    """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) in
-    the given partitions, each the head of its key, in run order: the heads among each
-    target's first ``limit`` due rows (``_fast_heads_sql``).
+                  whole_backlog: bool = False) -> FastPoll:
+    """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) that
+    are not paused, in the given partitions, each the head of its key, in run order: the
+    heads among each target's first ``limit`` due rows (``_fast_heads_sql``).
 
     A row is the head when no PENDING row of the same target and key comes before it in
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
@@ -427,43 +454,38 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
     them, and reads the whole backlog, so the lane runs it seldom.
     """
     if not limits or not partitions:
-        return []
+        return FastPoll([])
     union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog)
-    return [_job(row) for row in fetch(
-        f"SELECT {_COLUMNS} FROM ({union}) AS due ORDER BY next_run_at, id", params)]
-
-
-@dataclass(frozen=True)
-class FastPoll:
-    jobs: list[Job]
-    marked_target: str | None = None  # the target of the first send, marked by the read
-    marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
+    return _read_fast(fetch(
+        f"SELECT {_COLUMNS}, probe FROM ({union}) AS due ORDER BY next_run_at, id", params),
+        probe_at=-1)
 
 
 def jobs_fast_poll(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
-    token: str, markable: Collection[str], one_row: Collection[str] = (),
+    token: str, one_row: Collection[str] = (),
 ) -> FastPoll:
     """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
     read itself.
 
     The first send is of the first target in name order: all its rows, or for a target in
-    ``one_row`` (a per-row handler) its first row in poll order. They are marked when that
-    target is in ``markable``, and the lane hands them before any other send. Marks are
-    those of ``partitions_mark_inflight_if_leased`` (poll token, live lease of ``owner``);
-    a partition whose lease is gone is not marked. With writable CTEs (PostgreSQL) one
-    statement reads and marks, so a marked row is PENDING as read and no mark statement
-    of its own (the largest fixed cost of a send, and of an idle worker's wake-up) is
-    needed; otherwise the read is followed by the guarded mark.
+    ``one_row`` (a per-row handler) its first row in poll order. They are marked unless
+    that target's pause ran out (its probe row may be given back), and the lane hands
+    them before any other send. Marks are those of ``partitions_mark_inflight_if_leased``
+    (poll token, live lease of ``owner``); a partition whose lease is gone is not marked.
+    With writable CTEs (PostgreSQL) one statement reads and marks, so a marked row is
+    PENDING as read and no mark statement of its own (the largest fixed cost of a send,
+    and of an idle worker's wake-up) is needed; otherwise the read is followed by the
+    guarded mark.
     """
     if not limits or not partitions:
         return FastPoll([])
     if not writable_ctes():
-        jobs = jobs_fast_due(partitions, now, limits)
-        first = min((job.target for job in jobs), default=None)
-        if first not in markable:
-            return FastPoll(jobs)
-        send = [job for job in jobs if job.target == first]
+        due = jobs_fast_due(partitions, now, limits)
+        first = min((job.target for job in due.jobs), default=None)
+        if first is None or first in due.probing:
+            return due
+        send = [job for job in due.jobs if job.target == first]
         if first in one_row:
             send = send[:1]
         wanted: dict[int, list[int]] = {}
@@ -472,36 +494,37 @@ def jobs_fast_poll(
         marked = partitions_mark_inflight_if_leased(
             owner, now, wanted, token,
             [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
-        return FastPoll(jobs, first, {p: ids for p, ids in wanted.items() if p in marked})
+        return FastPoll(due.jobs, due.probing, first,
+                        {p: ids for p, ids in wanted.items() if p in marked})
     union, params = _fast_heads_sql(partitions, now, limits)
-    whole, whole_params = in_("target", [name for name in markable if name not in one_row])
-    single, single_params = in_("target", [name for name in markable if name in one_row])
+    single, single_params = in_("target", list(one_row))
     first_row = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
                  "ORDER BY next_run_at, id LIMIT 1)")
-    # The marks as one object {partition: ids}: the update reads the owner's partitions
-    # once, where a join of one row per partition compared every pair (64 by 64).
+    # The marks as one object {partition: ids}, made once: the update reads the owner's
+    # partitions once, where a join of one row per partition compared every pair (64 by 64).
     fetched = fetch(
         f"WITH due AS MATERIALIZED ({union}), "
         "first_send AS MATERIALIZED (SELECT partition, id FROM due "
-        f"WHERE target = (SELECT min(target) FROM due) "
-        f"AND ({whole} OR ({single} AND id = {first_row}))), "
+        "WHERE target = (SELECT min(target) FROM due) AND NOT probe "
+        f"AND (NOT ({single}) OR id = {first_row})), "
         "marks AS MATERIALIZED (SELECT jsonb_object_agg(partition, ids) AS marks "
         "FROM (SELECT partition, jsonb_agg(id) AS ids FROM first_send "
         "GROUP BY partition) AS by_partition), "
         f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = m.marks -> p.partition::text, "
         "inflight_token = %s FROM marks m WHERE m.marks ? p.partition::text "
         "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
-        f"SELECT {_COLUMNS}, id IN (SELECT id FROM first_send) "
+        f"SELECT {_COLUMNS}, probe, id IN (SELECT id FROM first_send) "
         "AND partition IN (SELECT partition FROM marked) FROM due ORDER BY next_run_at, id",
-        [*params, *whole_params, *single_params, token, owner, dt(now)], prepare=True,
+        [*params, *single_params, token, owner, dt(now)], prepare=True,
     )
-    jobs = [_job(row) for row in fetched]
+    read = _read_fast(fetched, probe_at=-2)
     marks: dict[int, list[int]] = {}
-    for job, values in zip(jobs, fetched, strict=True):
+    for job, values in zip(read.jobs, fetched, strict=True):
         if values[-1]:
             marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
-    first = min((job.target for job in jobs), default=None)
-    return FastPoll(jobs, first if first in markable else None, marks)
+    first = min((job.target for job in read.jobs), default=None)
+    return FastPoll(read.jobs, read.probing, first if first not in read.probing else None,
+                    marks)
 
 
 def jobs_hold_key_until(job: Job, run_at: datetime) -> int:

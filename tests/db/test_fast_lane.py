@@ -362,7 +362,7 @@ def test_a_poll_never_walks_another_targets_backlog(targets: Any, t0: datetime) 
                   for i in range(3000)])
     partitions = list(range(conf.jobs_settings().PARTITIONS))
     with CaptureQueriesContext(connection) as captured:
-        rows = store.jobs_fast_due(partitions, t0, {"fl.later": 100})
+        rows = store.jobs_fast_due(partitions, t0, {"fl.later": 100}).jobs
     assert len(rows) == 100 and {row.target for row in rows} == {"fl.later"}
     if connection.vendor != "postgresql":
         return
@@ -553,9 +553,11 @@ def test_racing_pause_gates_give_exactly_one_probe(targets: Any, now: datetime) 
     """Two workers claim the same expired pause at the same moment (threads on
     PostgreSQL): one wins the probe, the other skips the target."""
     targets("fl.race")
+    put("fl.race", now - SECOND)
     store.pause_set("fl.race", now - 31 * SECOND, 30, "down")
     gates = [PauseGate(name, conf.jobs_settings()) for name in ("A", "B")]
-    assert all(gate.check(now, Lane.FAST).expired == {"fl.race"} for gate in gates)
+    partitions = list(range(conf.jobs_settings().PARTITIONS))
+    assert store.jobs_fast_due(partitions, now, {"fl.race": 10}).probing == {"fl.race"}
     won = race(*[lambda gate=gate: gate.claim_probe("fl.race", now) for gate in gates])
     assert sorted(won) == [False, True]
     pause = TargetPause.objects.get(target="fl.race")
@@ -614,7 +616,7 @@ def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: date
     """At-most-once, one row per send: on PostgreSQL the poll's read marks the first row
     in flight, so a worker woken for one row hands it after one statement; each later row
     is marked by a statement of its own just before it is handed. SQLite marks the first
-    row right after the read."""
+    row right after the read. The pauses are read by the read itself."""
     seen: list[tuple[int | None, list[str]]] = []
     start = len(connection.queries_log)
 
@@ -631,6 +633,8 @@ def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: date
     marks = [[sql for sql in statements if "SET inflight_ids" in sql
               and "inflight_token = NULL" not in sql] for _, statements in seen]
     assert [len(m) for m in marks] == [1, 2, 3]
+    pause_reads = [sql for sql in seen[0][1] if "targetpause" in sql]
+    assert pause_reads and all("jobs_engine_job" in sql for sql in pause_reads)
     if connection.vendor == "postgresql":
         assert "FROM due ORDER BY next_run_at, id" in marks[0][0]  # the read itself
     assert not JobModel.objects.filter(id__in=ids).exists()
@@ -844,7 +848,7 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
     closed = put("fl.written", t0, key=keys[1], dedupe_key="closed")
     a = make_worker("A")
     a.leases.heartbeat(t0)
-    rows = {r.id: r for r in store.jobs_fast_due(a.leases.held(), t0, {"fl.written": 10})}
+    rows = {r.id: r for r in store.jobs_fast_due(a.leases.held(), t0, {"fl.written": 10}).jobs}
     token = "a-token"
     assert store.partitions_mark_inflight_if_leased(
         a.leases.worker_id, t0, {30: [retried, closed]}, token,
