@@ -401,14 +401,26 @@ def _has_leaders(admin: Any, topic: str) -> bool:
 
 
 def kafka_end_offset(bootstrap: str, topic: str) -> int:
-    """Records appended to ``topic`` so far (the sum of its partitions' high watermarks)."""
-    from confluent_kafka import Consumer, TopicPartition
+    """Records appended to ``topic`` so far (the sum of its partitions' high watermarks).
+
+    A broker just started may still be settling its partitions' leaders: a retriable
+    answer (``NOT_LEADER_FOR_PARTITION``) is asked again for up to 30 s.
+    """
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks",
                          "enable.auto.commit": False})
+    deadline = time.monotonic() + 30
     try:
-        partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=15)[1]
-                   for p in partitions)
+        while True:
+            try:
+                partitions = consumer.list_topics(topic, timeout=15).topics[topic].partitions
+                return sum(consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                          timeout=15)[1]
+                           for p in partitions)
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
     finally:
         consumer.close()

@@ -314,6 +314,19 @@ def writable_ctes() -> bool:
     return is_postgres()
 
 
+_row_estimates: dict[str, tuple[float, int | None]] = {}  # table -> (read at, rows)
+
+
+def planned_rows(table_name: str) -> int | None:
+    """``table_row_estimate``, read again at most once a ``REPLAN_S``: the size the plans a
+    worker session makes (as often) are made for."""
+    now = _monotonic()
+    seen = _row_estimates.get(table_name)
+    if seen is None or not 0 <= now - seen[0] < REPLAN_S:
+        seen = _row_estimates[table_name] = (now, table_row_estimate(table_name))
+    return seen[1]
+
+
 def table_row_estimate(table_name: str) -> int | None:
     """PostgreSQL's planner estimate of a table's rows (no scan); None elsewhere or when
     the table was never analysed."""

@@ -1031,6 +1031,64 @@ def test_the_poll_keeps_its_plan_on_postgresql(targets: Any, t0: datetime) -> No
             assert cursor.fetchall() == [(8, 0)]
 
 
+@pytest.mark.parametrize("limit_in_text", [False, True])
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch, limit_in_text: bool
+) -> None:
+    """A queue analysed busy, then drained and vacuumed (no pages, no rows, the busy
+    column statistics kept), takes a burst: until autovacuum analyses it again, up to a
+    minute later, the poll's generic plan is made for those statistics. With the window's
+    limit a parameter it reads the ordered index; a limit written into the text, larger
+    than the rows the plan expects, was read by a bitmap scan and a sort of every due row
+    (three workers drained a 50,000-row burst at half one worker's rate). The limit is
+    written into the text only once the planner expects ``LIMIT_IN_TEXT_FROM_ROWS`` rows
+    (here 1, after an ANALYZE of the burst)."""
+    from jobs_engine.store import dialect, queue
+
+    clock = [2000.0]
+    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
+    if limit_in_text:
+        monkeypatch.setattr(queue, "LIMIT_IN_TEXT_FROM_ROWS", 1)
+    targets("fl.burst", handler=lambda job: None, delivery_mode=DeliveryMode.AT_LEAST_ONCE,
+            batch_size=200)
+    worker = make_worker("A")
+    burst = [{"target": "fl.burst", "key": f"k{n}", "run_at": t0} for n in range(3000)]
+    if connection.vendor == "postgresql":  # analysed busy, then drained and vacuumed
+        enqueue_many(burst)
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {store.JOBS}")
+            cursor.execute(f"DELETE FROM {store.JOBS}")
+            cursor.execute(f"VACUUM ANALYZE {store.JOBS}")
+    polls: list[tuple[str, Any]] = []
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("WITH due AS MATERIALIZED"):
+            polls.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        assert worker.run(t0) == 0
+        enqueue_many(burst)
+        if limit_in_text:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ANALYZE {store.JOBS}")
+        clock[0] += dialect.REPLAN_S  # the session makes its plans again, for 3,000 rows
+        assert worker.run(t0) == 200
+    if connection.vendor != "postgresql":  # no plans kept: nothing more to see
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE statement LIKE %s "
+                       "ORDER BY prepare_time DESC LIMIT 1", ["WITH due AS MATERIALIZED%"])
+        (name,) = cursor.fetchone()
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(polls[-1][1]))})",
+                       polls[-1][1])
+        plan = "\n".join(line for (line,) in cursor.fetchall())
+    assert "Index Scan using jobs_fast_pending_due" in plan
+    assert "Seq Scan on jobs_engine_job" not in plan
+    assert ("LIMIT 200" in polls[-1][0]) is limit_in_text
+
+
 def test_polls_ask_the_database_for_the_time_once_a_second(targets: Any, now: datetime
                                                            ) -> None:
     """A worker's polls (no decision time given, as in a worker) read the database's clock
