@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,7 @@ class Options:
     memory_small: int = 10_000
     memory_big: int = 1_000_000
     results_dir: Path = field(default=RESULTS)
+    long_wait_n: int = 3_000
 
     @property
     def logs(self) -> Path:
@@ -271,15 +273,67 @@ def read_starts(path: Path) -> dict[str, float]:
 # -- the drain clock (D1) ----------------------------------------------------------------------
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """The machine's (all, idle) CPU time since boot, in ticks (Linux ``/proc/stat``; idle
+    counts I/O wait); None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(value) for value in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+@dataclass
+class DrainWatch:
+    """What the machine and the workers' sessions do during a drain: the share of the
+    machine's CPUs busy (the bench's own sampling included), and the wait events of the
+    database sessions that are running a statement, sampled at each probe of the drain
+    clock. A lock convoy shows as ``Lock`` waits, running on a CPU as no wait event."""
+
+    first: tuple[int, int] | None = None
+    last: tuple[int, int] | None = None
+    waits: Counter[str] = field(default_factory=Counter)
+
+    def sample(self) -> None:
+        self.last = cpu_times()
+        if self.first is None:
+            self.first = self.last
+        if store.is_postgres():
+            for kind, event in sql(
+                    "SELECT wait_event_type, wait_event FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND backend_type = 'client backend' AND state = 'active'"):
+                self.waits[f"{kind}: {event}" if kind else "CPU"] += 1
+
+    def busy_percent(self) -> float:
+        if self.first is None or self.last is None or self.last[0] == self.first[0]:
+            return float("nan")
+        return 100 * (1 - (self.last[1] - self.first[1]) / (self.last[0] - self.first[0]))
+
+    def share(self, kind: str) -> float:
+        """Percent of the running sessions' samples waiting on ``kind`` ("CPU": none)."""
+        total = sum(self.waits.values())
+        found = sum(n for name, n in self.waits.items()
+                    if name == kind or name.startswith(f"{kind}:"))
+        return 100 * found / total if total else float("nan")
+
+    def summary(self) -> str:
+        total = sum(self.waits.values())
+        top = ", ".join(f"{name} {100 * n / total:.0f}%" for name, n in self.waits.most_common(5))
+        return f"CPU busy {self.busy_percent():.0f}%; running sessions: {top or 'none seen'}"
+
+
 def drain(o: Options, command: str, target: str, n: int, count: int, name: str,
           ready: Callable[[], bool], env: dict[str, str] | None = None,
-          filler: Callable[[], None] | None = None) -> dict[str, float]:
+          filler: Callable[[], None] | None = None, watch: DrainWatch | None = None
+          ) -> dict[str, float]:
     """D1: one worker starts on ``n`` pre-enqueued rows (the peers' method). Several
     workers first reach their steady state (partitions balanced / registered), then the
     ``n`` rows are committed in one transaction, so the partition rebalance, which takes
     up to two heartbeats, is start-up and not drain time. Clock: first observed progress
     → queue empty. ``env`` goes to the workers; ``filler`` commits the ``n`` rows (default:
-    ``fill(target, n)``)."""
+    ``fill(target, n)``); ``watch`` samples the machine and the sessions meanwhile."""
     reset()
     workers = Workers(o, command, count, name, env or {})
     load = filler or (lambda: fill(target, n))
@@ -292,7 +346,8 @@ def drain(o: Options, command: str, target: str, n: int, count: int, name: str,
             wait_for("steady state", ready, workers, timeout=90)
             load()
             t_zero = time.perf_counter()
-        t_first, rem_first, t_end = clock_drain(o, workers, n, deadline=t_zero + max(180.0, n / 20))
+        t_first, rem_first, t_end = clock_drain(o, workers, n, deadline=t_zero + max(180.0, n / 20),
+                                                during=watch.sample if watch else None)
     return {
         "rate": rem_first / (t_end - t_first) if t_end > t_first else float("nan"),
         "rate_incl_startup": n / (t_end - t_zero),
@@ -303,13 +358,14 @@ def drain(o: Options, command: str, target: str, n: int, count: int, name: str,
 
 
 def clock_drain(o: Options, workers: Workers, n: int, deadline: float, *,
-                count: Callable[[], int] = remaining, empty: Callable[[], bool] = drained
-                ) -> tuple[float, int, float]:
+                count: Callable[[], int] = remaining, empty: Callable[[], bool] = drained,
+                during: Callable[[], None] | None = None) -> tuple[float, int, float]:
     """Sample the queue every ``drain_poll_s`` until it is empty: the time of the first
     progress and the rows left then, and the time it was found empty. Counts until the first
     progress (its count is the rate's numerator), then the cheap emptiness probe, so the
     sampling takes little from the workers. ``count`` and ``empty`` read another queue
-    than the engine's (the ``tasks`` phase's django-tasks-db table)."""
+    than the engine's (the ``tasks`` phase's django-tasks-db table); ``during`` is called
+    at each probe from the first progress on (``DrainWatch.sample``)."""
     t_first: float | None = None
     rem_first = n
     while True:
@@ -317,6 +373,8 @@ def clock_drain(o: Options, workers: Workers, n: int, deadline: float, *,
         now = time.perf_counter()
         if t_first is None and left < n:
             t_first, rem_first = now, left
+        if during is not None and t_first is not None:
+            during()
         if left == 0:
             assert t_first is not None
             return t_first, rem_first, now

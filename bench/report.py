@@ -69,11 +69,20 @@ def rows_for(o: Options) -> list[Row]:
         Row("d1_raw:100", "  D1 raw psycopg DELETE..SKIP LOCKED 100 at a time, same session",
             "jobs/s", peers="raw psycopg 64,019"),
     ]
-    for count in (1, 3):
-        rows.append(Row(f"d1_long:{count}",
-                        f"D1 long lane, {count} worker{'s' if count > 1 else ''} "
-                        f"({o.long_n:,} jobs)", "jobs/s",
-                        peers=PEER_D1 if count == 1 else ""))
+    wait_ms = f"{targets.LONG_WAIT_S * 1000:g} ms"
+    for kind, what, n in (("d1_long", "", o.long_n),
+                          ("d1_long_wait", f", a handler that waits {wait_ms}", o.long_wait_n)):
+        for count in (1, 3):
+            workers = f"{count} worker{'s' if count > 1 else ''}"
+            rows += [
+                Row(f"{kind}:{count}", f"D1 long lane{what}, {workers} ({n:,} jobs)", "jobs/s",
+                    peers=PEER_D1 if count == 1 and not what else ""),
+                Row(f"{kind}:{count}:busy", f"  machine CPU busy during it ({workers})", "%"),
+                Row(f"{kind}:{count}:lock", "  running sessions waiting on a lock "
+                    f"({workers})", "%"),
+            ]
+        rows.append(Row(f"{kind}:ratio", f"D1 long lane{what}, 3 workers / 1", "x",
+                        "≥ 2x", lambda v: v >= 2))
     lat_what = f"{o.lat_n} jobs at {o.lat_rate:g}/s"
     rows += [
         Row("lat:notify:p50", f"L p50, NOTIFY ({lat_what})", "ms", "≤ 20 ms", lambda v: v <= 20,

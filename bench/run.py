@@ -51,7 +51,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--e100-n", type=int, default=10_000)
     p.add_argument("--e1-n", type=int, default=2_000)
     p.add_argument("--d1-n", type=int, default=10_000)
-    p.add_argument("--long-n", type=int, default=2_000)
+    p.add_argument("--long-n", type=int, default=10_000)
+    p.add_argument("--long-wait-n", type=int, default=3_000,
+                   help="jobs of the long phase's waiting handler (20 ms each)")
     p.add_argument("--lat-n", type=int, default=200)
     p.add_argument("--lat-rate", type=float, default=20.0)
     p.add_argument("--poll-small", type=int, default=1_000)
@@ -132,7 +134,8 @@ def options(args: argparse.Namespace) -> Options:
                    flow_chain_n=args.flow_chain_n, flow_batch_n=args.flow_batch_n,
                    tasks_e1_n=args.tasks_e1_n, tasks_n=args.tasks_n, tasks_lat_n=args.tasks_lat_n,
                    tasks_lat_pause_s=args.tasks_lat_pause_ms / 1000,
-                   memory_small=args.memory_small, memory_big=args.memory_big, **extra)
+                   memory_small=args.memory_small, memory_big=args.memory_big,
+                   long_wait_n=args.long_wait_n, **extra)
 
 
 def prepare() -> None:

@@ -24,6 +24,8 @@ AT_MOST_ONCE = "bench.noop_at_most_once"
 AT_LEAST_ONCE = "bench.noop_at_least_once"
 BATCH = "bench.noop_batch"
 LONG = "bench.long_noop"
+LONG_WAIT = "bench.long_wait"  # its handler waits LONG_WAIT_S, as a call to a service would
+LONG_WAIT_S = 0.02
 LONG_EXCLUSIVE = "bench.long_exclusive"  # never enqueued: puts the exclusive clause in the plan
 LATENCY = "bench.latency"
 LATENCY_LONG = "bench.latency_long"  # the same probe on the long lane
@@ -86,6 +88,11 @@ def noop(job: Job) -> None:
     """The no-op handler of D1."""
 
 
+def wait(job: Job) -> None:
+    """A handler that waits on something else, not the CPU (the long lane's scaling)."""
+    time.sleep(LONG_WAIT_S)
+
+
 def noop_batch(jobs: Sequence[Job]) -> list[BaseException | None]:
     return [None] * len(jobs)
 
@@ -111,6 +118,7 @@ def register() -> None:
         *((name + KEEP_NONE_SUFFIX, noop, {**kwargs, "policy": KEEP_NONE})
           for name, kwargs in fast),
         (LONG, noop, {"lane": Lane.LONG}),
+        (LONG_WAIT, wait, {"lane": Lane.LONG}),
         (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
         (LATENCY, record_start, {"lane": Lane.FAST}),
         (LATENCY_LONG, record_start, {"lane": Lane.LONG}),

@@ -37,6 +37,7 @@ from bench import targets
 from bench.baselines import raw_drain, raw_e1, raw_e100, raw_kafka
 from bench.flows import phase_flows
 from bench.harness import (
+    DrainWatch,
     Metrics,
     Options,
     Workers,
@@ -121,14 +122,25 @@ def phase_d1(o: Options) -> Metrics:
 
 
 def phase_long(o: Options) -> Metrics:
+    """D1 on the long lane, 1 and 3 workers, for the no-op target and for one whose handler
+    waits ``LONG_WAIT_S`` (a call to another service): how the machine's CPUs and the
+    workers' sessions were busy (``DrainWatch``; a lock convoy on the reserve would show
+    as ``Lock`` waits), and the ratio 3 workers / 1."""
     out: Metrics = {}
-    for count in (1, 3):
-        r = drain(o, "run_long_lane", targets.LONG, o.long_n, count, f"long-{count}w",
-                  lambda c=count: workers_registered(c))
-        out[f"d1_long:{count}"] = r["rate"]
-        out[f"d1_long:{count}:dead"] = r["dead"]
-        print(f"    D1 long {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
-              f"start-up {r['startup_s']:.2f}s, dead {r['dead']})", flush=True)
+    for kind, target, n in (("d1_long", targets.LONG, o.long_n),
+                            ("d1_long_wait", targets.LONG_WAIT, o.long_wait_n)):
+        for count in (1, 3):
+            watch = DrainWatch()
+            r = drain(o, "run_long_lane", target, n, count, f"{kind}-{count}w",
+                      lambda c=count: workers_registered(c), watch=watch)
+            out[f"{kind}:{count}"] = r["rate"]
+            out[f"{kind}:{count}:dead"] = r["dead"]
+            out[f"{kind}:{count}:busy"] = watch.busy_percent()
+            out[f"{kind}:{count}:lock"] = watch.share("Lock")
+            print(f"    {kind} {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
+                  f"start-up {r['startup_s']:.2f}s, dead {r['dead']}); {watch.summary()}",
+                  flush=True)
+        out[f"{kind}:ratio"] = out[f"{kind}:3"] / out[f"{kind}:1"]
     return out
 
 

@@ -314,6 +314,16 @@ def writable_ctes() -> bool:
     return is_postgres()
 
 
+def session_shard(shards: int, using: str | None = None) -> int:
+    """This database session's shard of ``shards`` (its server process id on PostgreSQL;
+    0 on SQLite, where one writer at a time holds the whole database anyway)."""
+    db = conn(using)
+    if db.vendor != "postgresql":
+        return 0
+    db.ensure_connection()
+    return int(db.connection.info.backend_pid) % shards
+
+
 _row_estimates: dict[str, tuple[float, int | None]] = {}  # table -> (read at, rows)
 
 

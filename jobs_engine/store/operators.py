@@ -296,9 +296,9 @@ def flows_delete(flow_ids: Sequence[int]) -> int:
 
 def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
     """(hour, target, outcome, count) of the hours from ``since`` on, oldest first."""
-    rows = fetch(f"SELECT hour, target, outcome, count FROM {JOB_STATS} WHERE hour >= %s "
-                 "ORDER BY hour, target, outcome", [dt(since)])
-    return [(read_dt(h), t, o, c) for h, t, o, c in rows]  # type: ignore[misc]
+    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {JOB_STATS} WHERE hour >= %s "
+                 "GROUP BY hour, target, outcome ORDER BY hour, target, outcome", [dt(since)])
+    return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]
 
 
 def job_stats_totals() -> list[tuple[str, str, int]]:

@@ -53,6 +53,7 @@ from jobs_engine.store.dialect import (
     planned_rows,
     read_dt,
     read_json,
+    session_shard,
     skip_locked,
     table,
     values_,
@@ -125,6 +126,10 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
+# Shards of an hourly statistics bucket (``JobStat``): each session counts into its own.
+STATS_SHARDS = 64
+_STATS_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
+                   f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count")
 LAST_ERROR_LIMIT = 2000
 TAKEOVER_REASON = "in flight when its partition was taken over"
 RESCUE_REASON = "lease expired while running; at-most-once rows are not run twice"
@@ -843,11 +848,10 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     counted, count_params = "", []
     if count_as is not None:
         assert writable_ctes(), "the statistics join the statement only through a CTE"
-        counted = (f", counted AS (INSERT INTO {JOB_STATS} (hour, target, outcome, count) "
-                   "SELECT %s, target, %s, COUNT(*) FROM moved GROUP BY target ORDER BY target "
-                   "ON CONFLICT (hour, target, outcome) "
-                   f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count RETURNING 1)")
-        count_params = [dt(count_as[0]), count_as[1]]
+        counted = (f", counted AS (INSERT INTO {JOB_STATS} (hour, target, outcome, shard, "
+                   "count) SELECT %s, target, %s, %s, COUNT(*) FROM moved GROUP BY target "
+                   f"ORDER BY target {_STATS_CONFLICT} RETURNING 1)")
+        count_params = [dt(count_as[0]), count_as[1], session_shard(STATS_SHARDS)]
     if clear_marks:
         assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
         clear, clear_params = _clear_inflight(guard.token)
@@ -930,21 +934,19 @@ def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: da
 
 
 def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
-    """Add run counts per (hour, target, outcome) in one upsert.
+    """Add run counts per (hour, target, outcome) in one upsert, into this session's shard.
 
-    Rows go in sorted order so two workers upserting the same buckets lock them in the
-    same order (no deadlock).
+    Rows go in sorted order so two sessions upserting the same buckets (two whose shards
+    coincide) lock them in the same order (no deadlock).
     """
     if not counts:
         return
-    rows = [(dt(hour), target, outcome, count)
+    shard = session_shard(STATS_SHARDS)
+    rows = [(dt(hour), target, outcome, shard, count)
             for (hour, target, outcome), count in sorted(counts.items())]
     values, params = values_(rows)
-    execute(
-        f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) {values} "
-        "ON CONFLICT (hour, target, outcome) "
-        f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count", params,
-    )
+    execute(f"INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) {values} "
+            f"{_STATS_CONFLICT}", params)
 
 
 # -- flows ---------------------------------------------------------------------------------

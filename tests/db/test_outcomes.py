@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -122,6 +123,66 @@ def test_successes_of_one_target_are_written_in_one_statement_with_their_statist
     else:
         assert writes == [("INSERT", False)] * 3
     assert CompletedJob.objects.filter(target=name).count() == min(keep, 3)
+
+
+def test_the_statistics_readers_sum_the_shards_of_a_bucket(t0: datetime) -> None:
+    hour = t0.replace(minute=0, second=0, microsecond=0)
+    JobStat.objects.bulk_create([JobStat(hour=hour, target="oc.sum", outcome="ok", shard=shard,
+                                         count=count) for shard, count in ((0, 3), (7, 4))])
+    JobStat.objects.create(hour=hour, target="oc.sum", outcome="dead", shard=7, count=1)
+    assert [row for row in store.job_stats_since(hour) if row[1] == "oc.sum"] == [
+        (hour, "oc.sum", "dead", 1), (hour, "oc.sum", "ok", 7)]
+    assert [row for row in store.job_stats_totals() if row[0] == "oc.sum"] == [
+        ("oc.sum", "dead", 1), ("oc.sum", "ok", 7)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_sessions_count_one_bucket_without_waiting_for_each_other(t0: datetime) -> None:
+    """Each session counts into its own shard of an hourly bucket: the upsert locks its row
+    until the outcome's transaction commits, and with one row per bucket every worker's
+    outcome writes waited for the others' commits. The readers sum the shards."""
+    from jobs_engine.store import dialect, queue
+
+    bucket = (t0.replace(minute=0, second=0, microsecond=0), "oc.shared", "ok")
+    mine = dialect.session_shard(queue.STATS_SHARDS)
+    if connection.vendor != "postgresql":  # one writer at a time holds the whole database
+        assert mine == 0
+        return
+    other: list[int] = []
+
+    errors: list[BaseException] = []
+
+    def count_elsewhere() -> None:
+        """In a session of another shard (a new session until its shard differs), with
+        a lock timeout: waiting on this session's row fails the test."""
+        try:
+            for _ in range(20):
+                shard = dialect.session_shard(queue.STATS_SHARDS)
+                if shard != mine:
+                    break
+                connection.close()
+            other.append(shard)
+            with transaction.atomic():
+                with connection.cursor() as cursor:
+                    cursor.execute("SET LOCAL lock_timeout = '2s'")
+                store.job_stats_add({bucket: 2})
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with transaction.atomic():  # a worker's outcome write, not committed yet
+        store.job_stats_add({bucket: 3})
+        worker = threading.Thread(target=count_elsewhere)
+        worker.start()
+        worker.join(timeout=10)
+        assert not worker.is_alive() and not errors, errors
+    assert other and other[0] != mine
+    assert sorted(JobStat.objects.filter(target="oc.shared").values_list("shard", "count")
+                  ) == sorted([(mine, 3), (other[0], 2)])
+    assert (bucket[0], "oc.shared", "ok", 5) in store.job_stats_since(bucket[0])
+    assert ("oc.shared", "ok", 5) in store.job_stats_totals()
+
 
 
 @pytest.mark.parametrize("lane", LANES)
