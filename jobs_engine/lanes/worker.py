@@ -281,6 +281,9 @@ class WorkerProcess:
                             delays.append(due_in)
             for service in self.services:
                 delays.append(self._survive("service", service, self.settings.POLL_S).value)
+            # Rows handed: the plans made while there were none are made again (off the
+            # wake-up's path: the poll that handed them has run).
+            store.queue_busy(bool(handled_total))
             idle = 0 if handled_total else idle + 1
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)

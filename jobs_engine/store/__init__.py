@@ -8,7 +8,13 @@
 Callers write ``store.<function>``; the lanes, leases and outcome code never write SQL.
 """
 
-from jobs_engine.store.dialect import db_now, is_postgres, table_row_estimate, writable_ctes
+from jobs_engine.store.dialect import (
+    db_now,
+    is_postgres,
+    queue_busy,
+    table_row_estimate,
+    writable_ctes,
+)
 from jobs_engine.store.leases import *  # noqa: F403
 from jobs_engine.store.leases import __all__ as _leases
 from jobs_engine.store.operators import *  # noqa: F403
@@ -16,5 +22,5 @@ from jobs_engine.store.operators import __all__ as _operators
 from jobs_engine.store.queue import *  # noqa: F403
 from jobs_engine.store.queue import __all__ as _queue
 
-__all__ = ["db_now", "is_postgres", "table_row_estimate", "writable_ctes",
+__all__ = ["db_now", "is_postgres", "queue_busy", "table_row_estimate", "writable_ctes",
            *_queue, *_leases, *_operators]

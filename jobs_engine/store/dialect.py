@@ -67,7 +67,21 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
 REPLAN_S = 1.0
 # Sessions whose prepared statements are this module's only -> when their plans were made.
 _plans_made: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+# Sessions whose plans were made while this process's worker had a backlog.
+_made_busy: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _monotonic = time.monotonic
+_busy = False  # this process's worker has a backlog (``queue_busy``)
+
+
+def queue_busy(busy: bool) -> None:
+    """This process's worker found rows to hand (``busy``) or none. Plans made while it
+    found none may have been made for an empty queue, and would read a burst until
+    ``REPLAN_S`` passed (three long-lane workers drained a 10,000-row burst at 0.9x one
+    worker's rate, each spending its first two reserves, 0.8 s, in plans made for no
+    rows): once it finds rows, each session's next prepared statement makes such plans
+    again, and plans made since are kept for ``REPLAN_S``."""
+    global _busy
+    _busy = busy
 
 
 def _prepared_cursor(db: Any) -> Any:
@@ -82,7 +96,8 @@ def _prepared_cursor(db: Any) -> Any:
     worker that first polled an empty queue kept a sequential scan for the burst that
     followed (three long-lane workers drained 10,000 rows at 500 jobs/s instead of 6,600).
     So the session drops its plans every ``REPLAN_S`` and makes them again for the table
-    as it is then: a plan made on a small table serves one second at most. Where the
+    as it is then: a plan made on a small table serves one second at most, and when the
+    worker finds a backlog, none made while it had none (``queue_busy``). Where the
     project binds server-side itself, its statements are prepared too: its
     ``prepare_threshold`` and the plan cache mode stand."""
     import psycopg
@@ -93,11 +108,14 @@ def _prepared_cursor(db: Any) -> Any:
         made, now = _plans_made.get(raw_connection), _monotonic()
         raw_connection.prepare_threshold = 0  # only server-side cursors, so only these
         # In autocommit only: a SET in a transaction would end with a rollback.
-        if (made is None or not 0 <= now - made < REPLAN_S) and db.get_autocommit():
+        stale = (made is None or not 0 <= now - made < REPLAN_S
+                 or (_busy and not _made_busy.get(raw_connection, False)))
+        if stale and db.get_autocommit():
             with db.wrap_database_errors:
                 raw_connection.execute("SET plan_cache_mode = force_generic_plan"
                                        if made is None else "DISCARD PLANS")
             _plans_made[raw_connection] = now
+            _made_busy[raw_connection] = _busy
     return _wrapped(db, psycopg.Cursor(raw_connection))
 
 

@@ -654,9 +654,11 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         return Reserved(_job(row), (read_json(row[17]) or []) if started else None)
 
     excl_clause, excl_params = in_("j.target", exclusive_targets)
-    # A candidate of an exclusive target whose code runs on some worker is not due.
-    free_code = (f"(NOT ({excl_clause}) OR NOT EXISTS (SELECT 1 FROM {JOBS} r "
-                 f"WHERE r.status = '{_RUNNING}' AND r.running_code = j.code))")
+    # A candidate of an exclusive target whose code runs on some worker is not due. The
+    # running codes are read once per statement (NOT IN an uncorrelated subquery): a
+    # correlated test, planned on an empty queue, read the table once per candidate.
+    free_code = (f"(NOT ({excl_clause}) OR j.code NOT IN (SELECT r.running_code FROM {JOBS} r "
+                 f"WHERE r.status = '{_RUNNING}' AND r.running_code IS NOT NULL))")
     if writable_ctes():
         # Locked candidates, then the first of each exclusive code (window functions may
         # not share a level with FOR UPDATE).

@@ -205,24 +205,101 @@ def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
         assert lane.run_once(t0) == 10
         return
 
-    def reserve_plan() -> str:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT name FROM pg_prepared_statements "
-                           "WHERE statement LIKE 'WITH locked%'")
-            (name,) = cursor.fetchone()
-            cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(reserves[-1]))})",
-                           reserves[-1])
-            return "\n".join(line for (line,) in cursor.fetchall())
-
-    assert "Seq Scan on jobs_engine_job j" in reserve_plan()  # kept, made for no rows
+    assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # kept, made for no rows
     clock[0] += dialect.REPLAN_S / 2
     assert lane.run_once(t0) == 10
-    assert "Seq Scan on jobs_engine_job j" in reserve_plan()
+    assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)
     clock[0] += dialect.REPLAN_S / 2
     assert lane.run_once(t0) == 10
-    plan = reserve_plan()
+    plan = reserve_plan(reserves)
     assert "Seq Scan on jobs_engine_job j" not in plan
     assert "Index Scan using jobs_long_pending_due" in plan
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_a_reserve_planned_on_an_empty_queue_reads_the_running_codes_once(
+        targets: Any, t0: datetime) -> None:
+    """With an exclusive target registered the reserve skips candidates whose code runs.
+    Tested per candidate, a plan made on an empty queue read the whole table for each
+    one (a 10,000-row burst: 0.6 s a reserve, a million: hours); the running codes are
+    read once per statement, whatever the plan."""
+    targets("ll.plain", handler=lambda job: None, lane="long")
+    targets("ll.excl", handler=lambda job: None, lane="long", exclusive=True)
+    lane = long_worker("E", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    reserves: list[Any] = []
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("WITH locked"):
+            reserves.append(params)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        assert lane.run_once(t0) == 0
+        enqueue_many([{"target": "ll.plain", "run_at": t0} for _ in range(2000)]
+                     + [{"target": "ll.excl", "code": "same", "run_at": t0}
+                        for _ in range(5)])
+        assert lane.run_once(t0) == 10
+    if connection.vendor != "postgresql":  # no plans kept: nothing more to see
+        return
+    plan = reserve_plan(reserves)
+    assert "Seq Scan on jobs_engine_job j" in plan  # made for no rows, still kept
+    assert "NOT (hashed SubPlan" in plan  # one read of the running codes, hashed
+
+
+def reserve_plan(reserves: list[Any]) -> str:
+    """The plan the session keeps for the reserve, run with the last reserve's parameters."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements "
+                       "WHERE statement LIKE 'WITH locked%'")
+        (name,) = cursor.fetchone()
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(reserves[-1]))})",
+                       reserves[-1])
+        return "\n".join(line for (line,) in cursor.fetchall())
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_a_backlog_makes_the_plans_made_on_an_idle_queue_again(
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the worker finds a backlog (``queue_busy``), plans made while it had none are
+    made again at the session's next statement, not ``REPLAN_S`` later: a burst is not
+    read with the plan made for an empty queue. While the backlog lasts, they are kept."""
+    from jobs_engine.store import dialect
+
+    clock = [5000.0]
+    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(dialect, "_busy", False)  # restored after the test
+    targets("ll.busy", handler=lambda job: None, lane="long")
+    lane = long_worker("B", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    reserves: list[Any] = []
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("WITH locked"):
+            reserves.append(params)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        store.queue_busy(False)
+        assert lane.run_once(t0) == 0
+        enqueue_many([{"target": "ll.busy", "run_at": t0} for _ in range(3000)])
+        assert lane.run_once(t0) == 10
+        if connection.vendor != "postgresql":  # no plans kept: nothing more to see
+            store.queue_busy(True)
+            assert lane.run_once(t0) == 10
+            return
+        assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # made for no rows
+        store.queue_busy(True)  # two polls in a row handed rows
+        assert lane.run_once(t0) == 10
+        plan = reserve_plan(reserves)
+        assert "Seq Scan on jobs_engine_job j" not in plan
+        assert "Index Scan using jobs_long_pending_due" in plan
+        made = dialect._plans_made[connection.connection]
+        store.queue_busy(True)
+        assert lane.run_once(t0) == 10
+        assert dialect._plans_made[connection.connection] == made  # kept while busy
 
 
 def test_renewed_row_is_never_reclaimed_during_a_7_minute_run(targets: Any,
