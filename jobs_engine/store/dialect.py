@@ -67,10 +67,10 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
 REPLAN_S = 1.0
 # Sessions whose prepared statements are this module's only -> when their plans were made.
 _plans_made: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-# Sessions whose plans were made while this process's worker had a backlog.
+# Sessions whose plans were made while this process's worker was finding rows.
 _made_busy: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _monotonic = time.monotonic
-_busy = False  # this process's worker has a backlog (``queue_busy``)
+_busy = False  # this process's worker found rows at its last poll (``queue_busy``)
 
 
 def queue_busy(busy: bool) -> None:
@@ -96,8 +96,8 @@ def _prepared_cursor(db: Any) -> Any:
     worker that first polled an empty queue kept a sequential scan for the burst that
     followed (three long-lane workers drained 10,000 rows at 500 jobs/s instead of 6,600).
     So the session drops its plans every ``REPLAN_S`` and makes them again for the table
-    as it is then: a plan made on a small table serves one second at most, and when the
-    worker finds a backlog, none made while it had none (``queue_busy``). Where the
+    as it is then: a plan made on a small table serves one second at most, and once the
+    worker finds rows, none made while it found none (``queue_busy``). Where the
     project binds server-side itself, its statements are prepared too: its
     ``prepare_threshold`` and the plan cache mode stand."""
     import psycopg
