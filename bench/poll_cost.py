@@ -33,11 +33,13 @@ INSERT_COLUMNS = (
 )
 
 
-def backlog(n: int, held_front: bool = False) -> None:
+def backlog(n: int, held_front: bool = False, versions: int = 20) -> None:
     """``n`` PENDING rows for the poll-cost phase, built in one INSERT ... SELECT.
 
     Default layout: due fast rows over 64 partitions, one in 7 without a key, the rest on
-    n/20 keys with ~20 versions each (version order = run order); one key in 100 has its
+    n/``versions`` keys with ~``versions`` versions each (version order = run order; at
+    1,000 rows and 20 versions a window of the held partitions holds few heads, so
+    ``versions=1`` gives the small backlog a full window); one key in 100 has its
     first version waiting for a retry an hour away, which holds its later versions.
     ``held_front`` (stress layout): a tenth of the rows are later versions of n/1000 keys
     whose first version waits for a retry, stored at the head's retry time as the engine
@@ -47,7 +49,7 @@ def backlog(n: int, held_front: bool = False) -> None:
     held = n // 10 if held_front else 0
     hot = max(1, n // 1000)
     plain = n - held
-    keys = max(1, plain // 20)
+    keys = max(1, plain // versions)
     n_long = max(10, n // 100)
     fast = [targets.AT_MOST_ONCE, targets.AT_MOST_ONCE]
     if not store.is_postgres():
@@ -190,9 +192,10 @@ def explain(query: str, params: Any) -> str:
 POLL_TARGETS = {targets.AT_MOST_ONCE: 100}  # target -> rows per poll
 
 
-def poll_at(n: int, reps: int, held_front: bool = False) -> dict[str, Any]:
+def poll_at(n: int, reps: int, held_front: bool = False, versions: int = 20
+            ) -> dict[str, Any]:
     started = time.perf_counter()
-    backlog(n, held_front)
+    backlog(n, held_front, versions)
     built_s = time.perf_counter() - started
     return {"n": n, "build_s": built_s, **measure_poll(reps)}
 
@@ -227,6 +230,10 @@ def phase_poll(o: Options) -> Metrics:
     small = poll_at(o.poll_small, o.poll_reps)
     print(f"    poll at {small['n']:,}: {small['poll_ms']:.2f} ms ({small['rows']} rows), "
           f"long candidates {small['long_ms']:.2f} ms", flush=True)
+    # The same work as the big poll's (a full window of heads): one version per key.
+    full = poll_at(o.poll_small, o.poll_reps, versions=1)
+    print(f"    poll at {full['n']:,}, one version per key: {full['poll_ms']:.2f} ms "
+          f"({full['rows']} rows)", flush=True)
     big = poll_at(o.poll_big, o.poll_reps)
     print(f"    poll at {big['n']:,}: {big['poll_ms']:.2f} ms ({big['rows']} rows), "
           f"long candidates {big['long_ms']:.2f} ms (backlog built in {big['build_s']:.1f}s)",
@@ -245,6 +252,8 @@ def phase_poll(o: Options) -> Metrics:
     return {
         "poll:small": small["poll_ms"], "poll:big": big["poll_ms"],
         "poll:ratio": big["poll_ms"] / small["poll_ms"],
+        "poll:small_full": full["poll_ms"], "poll:ratio_full": big["poll_ms"] / full["poll_ms"],
+        "poll:rows_small_full": full["rows"],
         "poll:rows_small": small["rows"], "poll:rows_big": big["rows"],
         "poll:long_small": small["long_ms"], "poll:long_big": big["long_ms"],
         "poll:long_ratio": big["long_ms"] / small["long_ms"],

@@ -98,6 +98,9 @@ def rows_for(o: Options) -> list[Row]:
         Row("poll:small", f"fast poll, {o.poll_small:,} PENDING (21 partitions, limit 100)", "ms"),
         Row("poll:big", f"fast poll, {o.poll_big:,} PENDING", "ms"),
         Row("poll:ratio", "fast poll ratio big / small", "x", "≤ 2x", lambda v: v <= 2),
+        Row("poll:small_full", f"fast poll, {o.poll_small:,} PENDING, one version per key "
+            "(a full window: as many rows handed as the big poll)", "ms"),
+        Row("poll:ratio_full", "fast poll ratio big / small, the same rows handed", "x"),
         Row("poll:held_small", f"fast poll, stress layout, {o.poll_small:,} PENDING "
             "(a tenth held behind retrying key heads)", "ms"),
         Row("poll:held_big", f"fast poll, stress layout, {o.poll_big:,} PENDING", "ms"),
