@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import transaction
+
 from jobs_engine import states
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, Lane
 from jobs_engine.store.dialect import (
@@ -22,6 +24,7 @@ from jobs_engine.store.dialect import (
     json_array_has,
     read_dt,
     skip_locked,
+    writable_ctes,
 )
 from jobs_engine.store.queue import (
     DONE_JOBS,
@@ -31,6 +34,7 @@ from jobs_engine.store.queue import (
     JOB_STATS,
     JOBS,
     PARTITIONS,
+    STATS_CONFLICT,
     WORKERS,
     ClosedJob,
 )
@@ -57,6 +61,7 @@ __all__ = [
     "job_info_row",
     "job_retry_if_dead",
     "job_state",
+    "job_stats_fold_shards",
     "job_stats_since",
     "job_stats_totals",
     "jobs_close_unhandled",
@@ -299,6 +304,28 @@ def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
     rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {JOB_STATS} WHERE hour >= %s "
                  "GROUP BY hour, target, outcome ORDER BY hour, target, outcome", [dt(since)])
     return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]
+
+
+def job_stats_fold_shards(before: datetime) -> int:
+    """Fold the shards of the hours before ``before`` into shard 0 (retention): an hour
+    that is over keeps one row per target and outcome. One statement on PostgreSQL, so two
+    workers folding at once cannot count a shard twice (the second finds it deleted).
+    Returns the shard rows folded."""
+    params = [dt(before)]
+    if writable_ctes():
+        return fetch(
+            f"WITH gone AS (DELETE FROM {JOB_STATS} WHERE hour < %s AND shard <> 0 "
+            "RETURNING hour, target, outcome, count), "
+            f"folded AS (INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) "
+            "SELECT hour, target, outcome, 0, SUM(count) FROM gone "
+            "GROUP BY hour, target, outcome ORDER BY hour, target, outcome "
+            f"{STATS_CONFLICT} RETURNING 1) SELECT COUNT(*) FROM gone", params)[0][0]
+    with transaction.atomic():
+        execute(f"INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) "
+                f"SELECT hour, target, outcome, 0, SUM(count) FROM {JOB_STATS} "
+                "WHERE hour < %s AND shard <> 0 GROUP BY hour, target, outcome "
+                f"{STATS_CONFLICT}", params)
+        return execute(f"DELETE FROM {JOB_STATS} WHERE hour < %s AND shard <> 0", params)
 
 
 def job_stats_totals() -> list[tuple[str, str, int]]:

@@ -83,6 +83,7 @@ __all__ = [
     "RESCUE_RELEASE",
     "RESERVE",
     "RETRIED",
+    "STATS_CONFLICT",
     "TAKEOVER_PRESUMED_DEAD",
     "TAKEOVER_REASON",
     "WORKERS",
@@ -126,9 +127,10 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-# Shards of an hourly statistics bucket (``JobStat``): each session counts into its own.
+# Shards of an hourly statistics bucket (``JobStat``): each session counts into its own;
+# an upsert into a bucket adds to its count.
 STATS_SHARDS = 64
-_STATS_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
+STATS_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
                    f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count")
 LAST_ERROR_LIMIT = 2000
 TAKEOVER_REASON = "in flight when its partition was taken over"
@@ -852,7 +854,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         assert writable_ctes(), "the statistics join the statement only through a CTE"
         counted = (f", counted AS (INSERT INTO {JOB_STATS} (hour, target, outcome, shard, "
                    "count) SELECT %s, target, %s, %s, COUNT(*) FROM moved GROUP BY target "
-                   f"ORDER BY target {_STATS_CONFLICT} RETURNING 1)")
+                   f"ORDER BY target {STATS_CONFLICT} RETURNING 1)")
         count_params = [dt(count_as[0]), count_as[1], session_shard(STATS_SHARDS)]
     if clear_marks:
         assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
@@ -948,7 +950,7 @@ def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
             for (hour, target, outcome), count in sorted(counts.items())]
     values, params = values_(rows)
     execute(f"INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) {values} "
-            f"{_STATS_CONFLICT}", params)
+            f"{STATS_CONFLICT}", params)
 
 
 # -- flows ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from jobs_engine.models import Job, JobStat
 from jobs_engine.operators import metrics
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job
-from tests.helpers import FakeMonotonic, fast_poller
+from tests.helpers import FakeMonotonic, fast_poller, race
 
 pytestmark = pytest.mark.django_db
 
@@ -165,6 +165,40 @@ def test_retention_runs_at_most_once_per_retention_s(targets: Any, now: datetime
     clock.advance(1)
     assert retention.maybe_run(now).failed == 1  # type: ignore[union-attr]
     assert Job.objects.count() == 0
+
+
+def test_retention_folds_the_statistics_shards_of_the_hours_that_are_over(now: datetime
+                                                                          ) -> None:
+    """Each session counts into its own shard of a bucket; once the hour is over, a pass
+    leaves one row per target and outcome (the admin's list of buckets), counts unchanged;
+    the hour under way keeps its shards (sessions still add to them)."""
+    hour = hour_of(now)
+    JobStat.objects.bulk_create([
+        JobStat(hour=hour - HOUR, target="st.fold", outcome="ok", shard=shard, count=count)
+        for shard, count in ((0, 2), (5, 3), (9, 4))] + [
+        JobStat(hour=hour - HOUR, target="st.fold", outcome="dead", shard=5, count=1),
+        JobStat(hour=hour, target="st.fold", outcome="ok", shard=5, count=7),
+        JobStat(hour=hour, target="st.fold", outcome="ok", shard=9, count=1)])
+    sums = [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"]
+
+    RetentionService(conf.jobs_settings()).run_once(now)
+
+    rows = sorted(JobStat.objects.filter(target="st.fold").values_list(
+        "hour", "outcome", "shard", "count"))
+    assert rows == [(hour - HOUR, "dead", 0, 1), (hour - HOUR, "ok", 0, 9),
+                    (hour, "ok", 5, 7), (hour, "ok", 9, 1)]
+    assert [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"] == sums
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_folding_at_once_count_each_shard_once(now: datetime) -> None:
+    hour = hour_of(now) - HOUR
+    JobStat.objects.bulk_create([JobStat(hour=hour, target="st.race", outcome="ok",
+                                         shard=shard, count=shard) for shard in range(1, 21)])
+    race(lambda: store.job_stats_fold_shards(hour_of(now)),
+         lambda: store.job_stats_fold_shards(hour_of(now)))
+    assert list(JobStat.objects.filter(target="st.race").values_list("shard", "count")) == [
+        (0, sum(range(1, 21)))]
 
 
 @pytest.mark.django_db(transaction=True)
