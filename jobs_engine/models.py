@@ -279,31 +279,50 @@ class VersionCounter(models.Model):
 
 
 class JobStat(models.Model):
-    """Runs per hour, target and outcome (ok, retried, paused, dead): written by the
-    outcome path in one upsert per batch of outcomes, read (summed over shards) by the
-    admin chart and ``/metrics``.
-
-    Each database session counts into its own shard of a bucket: the upsert locks its row
-    until the outcome's commit, so one row per bucket made every worker's outcome writes
-    wait for each other's commits (17-30% of three long-lane workers' running time)."""
+    """Runs per hour, target and outcome (ok, retried, paused, dead) of the hours that are
+    over: retention folds the hour's ``JobStatShard`` rows into them. The admin chart and
+    ``/metrics`` read both."""
 
     hour = models.DateTimeField(help_text="Start of the hour (UTC).")
     target = models.CharField(max_length=200)
     outcome = models.CharField(max_length=16)
-    shard = models.SmallIntegerField(
-        default=0, help_text="Which worker session counted these runs: an hour, target and "
-                             "outcome may have a row per shard; their sum is the count.")
+    count = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # The upsert's conflict target; its index also serves "the last 48 hours".
+            models.UniqueConstraint(fields=["hour", "target", "outcome"], name="job_stats_bucket"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}={self.count}"
+
+
+class JobStatShard(models.Model):
+    """Runs per hour, target and outcome as one database session counted them: written by
+    the outcome path in one upsert per batch of outcomes, into the writing session's shard.
+
+    The upsert locks its row until the outcome's commit; with one row per bucket every
+    worker's outcome writes waited for the others' commits (17-30% of three long-lane
+    workers' running time). A table of its own, so ``JobStat`` keeps its bucket, which
+    workers of earlier releases still add to while a new release rolls out."""
+
+    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
+    target = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=16)
+    shard = models.SmallIntegerField(help_text="The counting session's shard.")
     count = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [
             # The upsert's conflict target; its index also serves "the last 48 hours".
             models.UniqueConstraint(fields=["hour", "target", "outcome", "shard"],
-                                    name="job_stats_bucket"),
+                                    name="job_stat_shards_bucket"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}={self.count}"
+        return (f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}"
+                f"[{self.shard}]={self.count}")
 
 
 class AuditRecord(models.Model):

@@ -547,9 +547,9 @@ def chart_rows(now: datetime, target: str | None = None) -> list[dict[str, Any]]
 
 @admin.register(JobStat)
 class JobStatAdmin(ManagedAdmin):
-    list_display = ("hour", "target", "outcome", "shard", "count")
+    list_display = ("hour", "target", "outcome", "count")
     list_filter = ("outcome",)
-    ordering = ("-hour", "target", "outcome", "shard")
+    ordering = ("-hour", "target", "outcome")
     change_list_template = "admin/jobs_engine/jobstat/change_list.html"
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None

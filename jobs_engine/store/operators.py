@@ -31,10 +31,10 @@ from jobs_engine.store.queue import (
     FLOW_STEP_KEY_PREFIX,
     FLOW_STEPS,
     FLOWS,
+    JOB_STAT_SHARDS,
     JOB_STATS,
     JOBS,
     PARTITIONS,
-    STATS_CONFLICT,
     WORKERS,
     ClosedJob,
 )
@@ -299,39 +299,43 @@ def flows_delete(flow_ids: Sequence[int]) -> int:
 # -- reads: statistics, metrics, counts ---------------------------------------------------
 
 
+# Both tables of the hourly statistics: the hours folded, and the shards not yet folded.
+_ALL_STATS = (f"(SELECT hour, target, outcome, count FROM {JOB_STATS} UNION ALL "
+              f"SELECT hour, target, outcome, count FROM {JOB_STAT_SHARDS}) AS s")
+
+
 def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
     """(hour, target, outcome, count) of the hours from ``since`` on, oldest first."""
-    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {JOB_STATS} WHERE hour >= %s "
+    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {_ALL_STATS} WHERE hour >= %s "
                  "GROUP BY hour, target, outcome ORDER BY hour, target, outcome", [dt(since)])
     return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]
 
 
 def job_stats_fold_shards(before: datetime) -> int:
-    """Fold the shards of the hours before ``before`` into shard 0 (retention): an hour
-    that is over keeps one row per target and outcome. One statement on PostgreSQL, so two
-    workers folding at once cannot count a shard twice (the second finds it deleted).
-    Returns the shard rows folded."""
+    """Fold the shards of the hours before ``before`` into their ``JobStat`` buckets
+    (retention): an hour that is over has one row per target and outcome. One statement on
+    PostgreSQL, so two workers folding at once cannot count a shard twice (the second
+    finds it deleted). Returns the shard rows folded."""
     params = [dt(before)]
+    add = (f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) "
+           "SELECT hour, target, outcome, SUM(count) FROM {rows} "
+           "GROUP BY hour, target, outcome ORDER BY hour, target, outcome "
+           "ON CONFLICT (hour, target, outcome) "
+           f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count")
     if writable_ctes():
         return fetch(
-            f"WITH gone AS (DELETE FROM {JOB_STATS} WHERE hour < %s AND shard <> 0 "
-            "RETURNING hour, target, outcome, count), "
-            f"folded AS (INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) "
-            "SELECT hour, target, outcome, 0, SUM(count) FROM gone "
-            "GROUP BY hour, target, outcome ORDER BY hour, target, outcome "
-            f"{STATS_CONFLICT} RETURNING 1) SELECT COUNT(*) FROM gone", params)[0][0]
+            f"WITH gone AS (DELETE FROM {JOB_STAT_SHARDS} WHERE hour < %s "
+            f"RETURNING hour, target, outcome, count), folded AS ({add.format(rows='gone')} "
+            "RETURNING 1) SELECT COUNT(*) FROM gone", params)[0][0]
     with transaction.atomic():
-        execute(f"INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) "
-                f"SELECT hour, target, outcome, 0, SUM(count) FROM {JOB_STATS} "
-                "WHERE hour < %s AND shard <> 0 GROUP BY hour, target, outcome "
-                f"{STATS_CONFLICT}", params)
-        return execute(f"DELETE FROM {JOB_STATS} WHERE hour < %s AND shard <> 0", params)
+        execute(add.format(rows=f"{JOB_STAT_SHARDS} WHERE hour < %s"), params)
+        return execute(f"DELETE FROM {JOB_STAT_SHARDS} WHERE hour < %s", params)
 
 
 def job_stats_totals() -> list[tuple[str, str, int]]:
     """(target, outcome, runs) summed over every hour kept."""
     return [(t, o, int(c)) for t, o, c in fetch(
-        f"SELECT target, outcome, SUM(count) FROM {JOB_STATS} GROUP BY target, outcome "
+        f"SELECT target, outcome, SUM(count) FROM {_ALL_STATS} GROUP BY target, outcome "
         "ORDER BY target, outcome")]
 
 

@@ -28,6 +28,7 @@ from jobs_engine.models import (
     Flow,
     FlowStep,
     JobStat,
+    JobStatShard,
     Partition,
     TargetPause,
     VersionCounter,
@@ -73,6 +74,7 @@ __all__ = [
     "FLOW_STEP_KEY_PREFIX",
     "JOBS",
     "JOB_STATS",
+    "JOB_STAT_SHARDS",
     "LAST_ERROR_LIMIT",
     "NOTIFY_CHANNEL",
     "PARTITIONS",
@@ -83,7 +85,6 @@ __all__ = [
     "RESCUE_RELEASE",
     "RESERVE",
     "RETRIED",
-    "STATS_CONFLICT",
     "TAKEOVER_PRESUMED_DEAD",
     "TAKEOVER_REASON",
     "WORKERS",
@@ -122,16 +123,16 @@ WORKERS = Worker._meta.db_table
 PAUSES = TargetPause._meta.db_table
 COUNTERS = VersionCounter._meta.db_table
 JOB_STATS = JobStat._meta.db_table
+JOB_STAT_SHARDS = JobStatShard._meta.db_table
 DONE_JOBS = CompletedJob._meta.db_table
 FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-# Shards of an hourly statistics bucket (``JobStat``): each session counts into its own;
-# an upsert into a bucket adds to its count.
+# Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
 STATS_SHARDS = 64
-STATS_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
-                   f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count")
+_SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
+                   f"DO UPDATE SET count = {JOB_STAT_SHARDS}.count + excluded.count")
 LAST_ERROR_LIMIT = 2000
 TAKEOVER_REASON = "in flight when its partition was taken over"
 RESCUE_REASON = "lease expired while running; at-most-once rows are not run twice"
@@ -852,9 +853,9 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     counted, count_params = "", []
     if count_as is not None:
         assert writable_ctes(), "the statistics join the statement only through a CTE"
-        counted = (f", counted AS (INSERT INTO {JOB_STATS} (hour, target, outcome, shard, "
-                   "count) SELECT %s, target, %s, %s, COUNT(*) FROM moved GROUP BY target "
-                   f"ORDER BY target {STATS_CONFLICT} RETURNING 1)")
+        counted = (f", counted AS (INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, "
+                   "shard, count) SELECT %s, target, %s, %s, COUNT(*) FROM moved "
+                   f"GROUP BY target ORDER BY target {_SHARD_CONFLICT} RETURNING 1)")
         count_params = [dt(count_as[0]), count_as[1], session_shard(STATS_SHARDS)]
     if clear_marks:
         assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
@@ -949,8 +950,8 @@ def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
     rows = [(dt(hour), target, outcome, shard, count)
             for (hour, target, outcome), count in sorted(counts.items())]
     values, params = values_(rows)
-    execute(f"INSERT INTO {JOB_STATS} (hour, target, outcome, shard, count) {values} "
-            f"{STATS_CONFLICT}", params)
+    execute(f"INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, shard, count) {values} "
+            f"{_SHARD_CONFLICT}", params)
 
 
 # -- flows ---------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.lanes.retention import RetentionService
 from jobs_engine.lanes.worker import WorkerProcess
-from jobs_engine.models import Job, JobStat
+from jobs_engine.models import Job, JobStat, JobStatShard
 from jobs_engine.operators import metrics
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job
@@ -41,7 +41,8 @@ def hour_of(at: datetime) -> datetime:
 
 
 def stats() -> dict[tuple[datetime, str, str], int]:
-    return {(row.hour, row.target, row.outcome): row.count for row in JobStat.objects.all()}
+    return {(hour, target, outcome): count for hour, target, outcome, count
+            in store.job_stats_since(datetime(2000, 1, 1, tzinfo=UTC))}
 
 
 def raising(exc: BaseException) -> Callable[[HandlerJob], None]:
@@ -106,7 +107,7 @@ def test_one_statistics_statement_per_poll(targets: Any, now: datetime) -> None:
     with CaptureQueriesContext(connection) as captured:
         assert poll(now) == 8
 
-    table = JobStat._meta.db_table
+    table = JobStatShard._meta.db_table
     writes = [q["sql"] for q in captured.captured_queries if table in q["sql"]]
     assert len(writes) == 1 and writes[0].upper().startswith("INSERT")
     assert stats() == {(hour_of(now), "st.one.ok", "ok"): 5,
@@ -170,35 +171,38 @@ def test_retention_runs_at_most_once_per_retention_s(targets: Any, now: datetime
 def test_retention_folds_the_statistics_shards_of_the_hours_that_are_over(now: datetime
                                                                           ) -> None:
     """Each session counts into its own shard of a bucket; once the hour is over, a pass
-    leaves one row per target and outcome (the admin's list of buckets), counts unchanged;
+    adds the shards to the hour's ``JobStat`` bucket (the admin's list), counts unchanged;
     the hour under way keeps its shards (sessions still add to them)."""
     hour = hour_of(now)
-    JobStat.objects.bulk_create([
-        JobStat(hour=hour - HOUR, target="st.fold", outcome="ok", shard=shard, count=count)
-        for shard, count in ((0, 2), (5, 3), (9, 4))] + [
-        JobStat(hour=hour - HOUR, target="st.fold", outcome="dead", shard=5, count=1),
-        JobStat(hour=hour, target="st.fold", outcome="ok", shard=5, count=7),
-        JobStat(hour=hour, target="st.fold", outcome="ok", shard=9, count=1)])
+    JobStat.objects.create(hour=hour - HOUR, target="st.fold", outcome="ok", count=2)
+    JobStatShard.objects.bulk_create([
+        JobStatShard(hour=hour - HOUR, target="st.fold", outcome="ok", shard=shard,
+                     count=count) for shard, count in ((5, 3), (9, 4))] + [
+        JobStatShard(hour=hour - HOUR, target="st.fold", outcome="dead", shard=5, count=1),
+        JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=5, count=7),
+        JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=9, count=1)])
     sums = [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"]
 
     RetentionService(conf.jobs_settings()).run_once(now)
 
-    rows = sorted(JobStat.objects.filter(target="st.fold").values_list(
-        "hour", "outcome", "shard", "count"))
-    assert rows == [(hour - HOUR, "dead", 0, 1), (hour - HOUR, "ok", 0, 9),
-                    (hour, "ok", 5, 7), (hour, "ok", 9, 1)]
+    assert sorted(JobStat.objects.filter(target="st.fold").values_list(
+        "hour", "outcome", "count")) == [(hour - HOUR, "dead", 1), (hour - HOUR, "ok", 9)]
+    assert sorted(JobStatShard.objects.filter(target="st.fold").values_list(
+        "hour", "shard", "count")) == [(hour, 5, 7), (hour, 9, 1)]
     assert [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"] == sums
 
 
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_folding_at_once_count_each_shard_once(now: datetime) -> None:
     hour = hour_of(now) - HOUR
-    JobStat.objects.bulk_create([JobStat(hour=hour, target="st.race", outcome="ok",
-                                         shard=shard, count=shard) for shard in range(1, 21)])
+    JobStatShard.objects.bulk_create([
+        JobStatShard(hour=hour, target="st.race", outcome="ok", shard=shard, count=shard)
+        for shard in range(1, 21)])
     race(lambda: store.job_stats_fold_shards(hour_of(now)),
          lambda: store.job_stats_fold_shards(hour_of(now)))
-    assert list(JobStat.objects.filter(target="st.race").values_list("shard", "count")) == [
-        (0, sum(range(1, 21)))]
+    assert list(JobStat.objects.filter(target="st.race").values_list("count", flat=True)) == [
+        sum(range(1, 21))]
+    assert not JobStatShard.objects.filter(target="st.race").exists()
 
 
 @pytest.mark.django_db(transaction=True)
