@@ -279,9 +279,8 @@ class VersionCounter(models.Model):
 
 
 class JobStat(models.Model):
-    """Runs per hour, target and outcome (ok, retried, paused, dead) of the hours that are
-    over: retention folds the hour's ``JobStatShard`` rows into them. The admin chart and
-    ``/metrics`` read both."""
+    """Runs per hour, target and outcome (ok, retried, paused, dead): retention adds the
+    ``JobStatShard`` rows to them every pass. The admin chart and ``/metrics`` read both."""
 
     hour = models.DateTimeField(help_text="Start of the hour (UTC).")
     target = models.CharField(max_length=200)

@@ -9,8 +9,8 @@ so the heartbeat is never late:
 - removes DEAD jobs closed more than ``DEAD_TTL_DAYS`` ago, whatever the counts;
 - removes flows finished more than ``FLOW_RETENTION_DAYS`` ago, with their steps and their
   step jobs (which the counts and the TTL above leave alone);
-- folds the statistics shards of the hours that are over into one row per target and
-  outcome (``store.job_stats_fold_shards``);
+- adds the statistics each session counted (its shards) to the hourly buckets, one row per
+  hour, target and outcome (``store.job_stats_fold_shards``);
 - closes as DEAD the PENDING rows of targets no handler here takes that have been due for
   ``UNHANDLED_GRACE_S`` (a deploy removed the target, a typo in a data migration): "no
   handler registered for <target>". The grace lets a rolling deploy bring up the workers of
@@ -31,7 +31,6 @@ from django.db import transaction
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.lanes.outcomes import stat_hour
 from jobs_engine.registry import all_targets, policy_for
 from jobs_engine.signals import announce_dead
 
@@ -90,7 +89,7 @@ class RetentionService:
             lambda: store.jobs_delete_dead_closed_before(cutoff, self.batch), deadline)
         flows_cutoff = now - timedelta(days=self.settings.FLOW_RETENTION_DAYS)
         counts.flows = self._drain(lambda: self._delete_flows(flows_cutoff), deadline)
-        store.job_stats_fold_shards(before=stat_hour(now))
+        store.job_stats_fold_shards()
         counts.unhandled = self._close_unhandled(now)
         if counts.completed or counts.failed or counts.flows or counts.unhandled:
             logger.info("retention removed completed=%s failed=%s flows=%s; closed "

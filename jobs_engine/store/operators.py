@@ -311,12 +311,12 @@ def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
     return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]
 
 
-def job_stats_fold_shards(before: datetime) -> int:
-    """Fold the shards of the hours before ``before`` into their ``JobStat`` buckets
-    (retention): an hour that is over has one row per target and outcome. One statement on
-    PostgreSQL, so two workers folding at once cannot count a shard twice (the second
-    finds it deleted). Returns the shard rows folded."""
-    params = [dt(before)]
+def job_stats_fold_shards() -> int:
+    """Add the shards' counts to their ``JobStat`` buckets and remove them (retention): the
+    admin's list shows one row per hour, target and outcome, at most a retention pass
+    behind. One statement on PostgreSQL, so two workers folding at once cannot count a
+    shard twice (the second finds it deleted); a session adding to a shard meanwhile makes
+    a new one. Returns the shard rows folded."""
     add = (f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) "
            "SELECT hour, target, outcome, SUM(count) FROM {rows} "
            "GROUP BY hour, target, outcome ORDER BY hour, target, outcome "
@@ -324,12 +324,12 @@ def job_stats_fold_shards(before: datetime) -> int:
            f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count")
     if writable_ctes():
         return fetch(
-            f"WITH gone AS (DELETE FROM {JOB_STAT_SHARDS} WHERE hour < %s "
+            f"WITH gone AS (DELETE FROM {JOB_STAT_SHARDS} "
             f"RETURNING hour, target, outcome, count), folded AS ({add.format(rows='gone')} "
-            "RETURNING 1) SELECT COUNT(*) FROM gone", params)[0][0]
+            "RETURNING 1) SELECT COUNT(*) FROM gone")[0][0]
     with transaction.atomic():
-        execute(add.format(rows=f"{JOB_STAT_SHARDS} WHERE hour < %s"), params)
-        return execute(f"DELETE FROM {JOB_STAT_SHARDS} WHERE hour < %s", params)
+        execute(add.format(rows=JOB_STAT_SHARDS))
+        return execute(f"DELETE FROM {JOB_STAT_SHARDS}")
 
 
 def job_stats_totals() -> list[tuple[str, str, int]]:
