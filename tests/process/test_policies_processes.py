@@ -50,22 +50,27 @@ def test_policies_in_real_workers(cluster: WorkerCluster, targets: Any) -> None:
     gone = [put(GONE, {}) for _ in range(3)]
     others = [put(FAST_AT_LEAST_ONCE, {}) for _ in range(3)]
     cluster.start("run_workers", JOBS_RETENTION_S="1", JOBS_UNHANDLED_GRACE_S="1")
-    keep = []
-    for n in range(7):  # one at a time: each completes in its own send, at its own time
-        keep.append(put(FAST_KEEP_3, {"n": n}))
-        wait_until(lambda: not Job.objects.filter(id=keep[-1]).exists(), 30, f"keep {n}")
-
-    # Watch the two flaky rows: each failed try leaves its wait in the row. The wait runs
-    # from the failure, a moment before the outcome's write (``updated_at``).
+    # Watch the two flaky rows from the start: each failed try leaves its wait in the row
+    # for a second or two. The wait runs from the failure, a moment before the outcome's
+    # write (``updated_at``).
     waits: dict[int, set[tuple[int, float]]] = defaultdict(set)
 
-    def finished() -> bool:
+    def watch_flaky() -> None:
         for job_id in flaky.values():
             row = Job.objects.filter(id=job_id).values("attempts", "next_run_at",
                                                        "updated_at").first()
             if row and row["attempts"]:
                 waits[job_id].add((row["attempts"], round(
                     (row["next_run_at"] - row["updated_at"]).total_seconds(), 3)))
+
+    keep = []
+    for n in range(7):  # one at a time: each completes in its own send, at its own time
+        keep.append(put(FAST_KEEP_3, {"n": n}))
+        wait_until(lambda: watch_flaky() or not Job.objects.filter(id=keep[-1]).exists(), 30,
+                   f"keep {n}", interval=0.02)
+
+    def finished() -> bool:
+        watch_flaky()
         return (CompletedJob.objects.filter(id__in=flaky.values()).count() == 2
                 and Job.objects.filter(id__in=[charge, twice, *gone],
                                        status=JobStatus.DEAD).count() == 5
