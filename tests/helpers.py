@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
+
+
+@contextmanager
+def statements(prefix: str) -> Iterator[list[tuple[str, Any]]]:
+    """(sql, params) of every statement starting with ``prefix`` that this connection runs
+    meanwhile (to ``EXPLAIN EXECUTE`` a prepared one with its parameters)."""
+    seen: list[tuple[str, Any]] = []
+
+    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith(prefix):
+            seen.append((sql, params))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        yield seen
 
 
 class FakeMonotonic:

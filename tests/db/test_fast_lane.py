@@ -32,7 +32,7 @@ from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import CompletedJob, Partition, TargetPause
 from jobs_engine.models import Job as JobModel
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
-from tests.helpers import FakeMonotonic, race
+from tests.helpers import FakeMonotonic, race, statements
 
 pytestmark = pytest.mark.django_db
 
@@ -1059,14 +1059,7 @@ def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
             cursor.execute(f"ANALYZE {store.JOBS}")
             cursor.execute(f"DELETE FROM {store.JOBS}")
             cursor.execute(f"VACUUM ANALYZE {store.JOBS}")
-    polls: list[tuple[str, Any]] = []
-
-    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.startswith("WITH due AS MATERIALIZED"):
-            polls.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(capture):
+    with statements("WITH due AS MATERIALIZED") as polls:
         assert worker.run(t0) == 0
         enqueue_many(burst)
         if limit_in_text:

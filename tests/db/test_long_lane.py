@@ -29,7 +29,7 @@ from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus
-from tests.helpers import FakeMonotonic, race
+from tests.helpers import FakeMonotonic, race, statements
 
 pytestmark = pytest.mark.django_db
 
@@ -191,14 +191,7 @@ def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
     lane = long_worker("R", load_settings({"LONG_PREFETCH": 1}, environ={}))
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
-    reserves: list[Any] = []
-
-    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.startswith("WITH locked"):
-            reserves.append(params)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(capture):
+    with statements("WITH locked") as reserves:
         assert lane.run_once(t0) == 0
     enqueue_many([{"target": "ll.replan", "run_at": t0} for _ in range(3000)])
     if connection.vendor != "postgresql":  # no plans kept: nothing more to see
@@ -228,14 +221,7 @@ def test_a_reserve_planned_on_an_empty_queue_reads_the_running_codes_once(
     lane = long_worker("E", load_settings({"LONG_PREFETCH": 1}, environ={}))
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
-    reserves: list[Any] = []
-
-    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.startswith("WITH locked"):
-            reserves.append(params)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(capture):
+    with statements("WITH locked") as reserves:
         assert lane.run_once(t0) == 0
         enqueue_many([{"target": "ll.plain", "run_at": t0} for _ in range(2000)]
                      + [{"target": "ll.excl", "code": "same", "run_at": t0}
@@ -248,14 +234,14 @@ def test_a_reserve_planned_on_an_empty_queue_reads_the_running_codes_once(
     assert "NOT (hashed SubPlan" in plan  # one read of the running codes, hashed
 
 
-def reserve_plan(reserves: list[Any]) -> str:
+def reserve_plan(reserves: list[tuple[str, Any]]) -> str:
     """The plan the session keeps for the reserve, run with the last reserve's parameters."""
+    params = reserves[-1][1]
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM pg_prepared_statements "
                        "WHERE statement LIKE 'WITH locked%'")
         (name,) = cursor.fetchone()
-        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(reserves[-1]))})",
-                       reserves[-1])
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(params))})", params)
         return "\n".join(line for (line,) in cursor.fetchall())
 
 
@@ -274,14 +260,7 @@ def test_a_backlog_makes_the_plans_made_on_an_idle_queue_again(
     lane = long_worker("B", load_settings({"LONG_PREFETCH": 1}, environ={}))
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
-    reserves: list[Any] = []
-
-    def capture(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.startswith("WITH locked"):
-            reserves.append(params)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(capture):
+    with statements("WITH locked") as reserves:
         store.queue_busy(False)
         assert lane.run_once(t0) == 0
         enqueue_many([{"target": "ll.busy", "run_at": t0} for _ in range(3000)])
