@@ -81,6 +81,20 @@ def next_poll_delay(handled: int, idle_polls: int, settings: JobsSettings) -> fl
     return settings.IDLE_POLL_S[min(idle_polls, len(settings.IDLE_POLL_S) - 1)]
 
 
+def drain_notifications(listener: Any) -> None:
+    """Read and drop what the LISTEN connection received: any notification means "poll".
+
+    Through libpq itself: psycopg's ``notifies()`` generator (its lock, its deadline, a
+    ``Notify`` per message) took 50-70 µs of an idle worker's wake-up, a twentieth of
+    the commit-to-handler latency. The connection runs no query after its ``LISTEN``, so
+    nothing else reads it. A broken connection raises ``psycopg.OperationalError``.
+    """
+    pgconn = listener.pgconn
+    pgconn.consume_input()
+    while pgconn.notifies() is not None:
+        pass
+
+
 class Wakeup:
     """Sleeps until the next poll, woken early by a NOTIFY (PostgreSQL), a poke (a
     long-lane slot came free) or a stop request. A self-pipe makes pokes and signals
@@ -165,8 +179,7 @@ class Wakeup:
                     pass
         if listener is not None and listener.fileno() in ready:
             try:
-                for _ in listener.notifies(timeout=0):
-                    pass
+                drain_notifications(listener)
             except Exception as exc:
                 if not is_database_fault(exc):
                     raise

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from functools import cache
 from typing import Any
 
-from django.db import connection, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -28,7 +28,9 @@ ARRAY_FROM = 16
 
 
 def conn(using: str | None = None) -> Any:
-    return connection if using is None else connections[using]
+    """The connection itself, not ``django.db.connection``: that proxy looks the
+    connection up again (a context-local read) at every attribute, dozens per poll."""
+    return connections[using or DEFAULT_DB_ALIAS]
 
 
 def is_postgres(using: str | None = None) -> bool:
