@@ -39,8 +39,12 @@ class DatabaseTime:
         self._every_s = every_s
         self._clock: DatabaseClock | None = None
 
-    def now(self) -> datetime:
-        if self._clock is None or self._monotonic() - self._clock.started > self._every_s:
+    def now(self, *, defer_read: bool = False) -> datetime:
+        """``defer_read``: a reading that fell due is taken at the next call instead (a poll
+        answering a wake-up goes straight to its rows; the monotonic clock carries the
+        last reading over the sleep)."""
+        if self._clock is None or (
+                not defer_read and self._monotonic() - self._clock.started > self._every_s):
             self._clock = DatabaseClock(self._read(), self._monotonic)
         return self._clock()
 

@@ -97,18 +97,20 @@ class FastLane:
         # A partition the heartbeat takes back with one of these marks is this lane's own.
         leases.own_unwritten = self.unwritten_tokens
 
-    def run_once(self, now: datetime | None = None) -> int:
+    def run_once(self, now: datetime | None = None, *, woken: bool = False) -> int:
         """One poll and its sends; returns the number of rows handed to targets.
 
         Outcomes a database fault kept from being written are written first; until they
         are, nothing is polled (a poll would re-read the rows still in this worker's
-        in-flight marks, and its marks would overwrite them).
+        in-flight marks, and its marks would overwrite them). A poll answering a wake-up
+        (``woken``) leaves the clock's reading and the backlog walk that fell due to the
+        next poll: the woken row is sent first.
         """
         self.write_unwritten()
         held = self.leases.held()
         if not held:
             return 0
-        now = now or self._time.now()
+        now = now or self._time.now(defer_read=woken)
         clock = DatabaseClock(now, self._monotonic)
         # Only targets registered here: another release's rows wait for its own workers.
         # The read skips paused targets itself.
@@ -122,7 +124,7 @@ class FastLane:
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
                                         token=poll_out.token, one_row=one_row)
-            walk = self._backlog_heads(held, now, limits, poll.jobs)
+            walk = self._backlog_heads(held, now, limits, poll.jobs, defer=woken)
             jobs, _, poll_out.probes = self.pauses.probe_rows(
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
             if not jobs:  # unsent rows stay PENDING
@@ -141,11 +143,12 @@ class FastLane:
         return len(poll_out.results)
 
     def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
-                       jobs: list[Job]) -> store.FastPoll:
+                       jobs: list[Job], *, defer: bool) -> store.FastPoll:
         """Heads from the whole due backlog of the targets the poll read nothing of, at
         most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
-        stall its target, and the walk reads that target's whole backlog."""
-        if self._monotonic() < self._next_backlog_walk:
+        stall its target, and the walk reads that target's whole backlog. ``defer``: a
+        walk that fell due waits for the next poll."""
+        if defer or self._monotonic() < self._next_backlog_walk:
             return store.FastPoll([])
         found = {job.target for job in jobs}
         missing = {name: limit for name, limit in limits.items() if name not in found}

@@ -106,11 +106,14 @@ class LongLane:
             return min(slots - self._running, 2 * slots - len(self._in_hand)) if waiting >= 0 \
                 else 0
 
-    def run_once(self, now: datetime | None = None) -> int:
-        """Rescue expired leases, then reserve and start rows; returns rows started."""
-        now = now or self._time.now()
+    def run_once(self, now: datetime | None = None, *, woken: bool = False) -> int:
+        """Rescue expired leases, then reserve and start rows; returns rows started. A poll
+        answering a wake-up (``woken``) leaves the clock's reading and the rescue that fell
+        due to the next poll: the woken row starts first."""
+        now = now or self._time.now(defer_read=woken)
         clock = DatabaseClock(now, self._monotonic)
-        self._rescue(now)
+        if not woken:
+            self._rescue(now)
         free = self.free_slots()
         if free <= 0:
             return 0

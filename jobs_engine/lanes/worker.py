@@ -9,6 +9,7 @@ delete the liveness row, exit 0.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import os
@@ -165,9 +166,10 @@ class Wakeup:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def wait(self, seconds: float) -> None:
+    def wait(self, seconds: float) -> bool:
+        """Sleep ``seconds`` at most; True when something woke the worker before then."""
         if seconds <= 0 or self._stop.is_set():
-            return
+            return False
         listener = self._listening()
         fds = [self._read_fd]
         if listener is not None:
@@ -184,6 +186,7 @@ class Wakeup:
                 if not is_database_fault(exc):
                     raise
                 self._listener_failed(exc)
+        return bool(ready)
 
     def close(self) -> None:
         if self._listener is not None:
@@ -275,16 +278,21 @@ class WorkerProcess:
         assert self.wakeup is not None
         idle = 0
         failures = 0  # database faults in a row: the loop backs off while they last
+        # The poll answers a wake-up: the housekeeping that fell due while the worker slept
+        # (the clock's reading, plans, walks, rescues) waits for the poll after it.
+        woken = False
         while not self.wakeup.stopping:
             delays = []
             handled_total = 0
             faulted = False
+            store.poll_woken(woken)
             if time.monotonic() < self._heartbeat_ok_until:
                 steps = ((Lane.FAST, self.fast.run_once), (Lane.LONG, self._run_long))
                 for lane, run_once in steps:
                     if lane not in self.lanes:
                         continue
-                    step = self._survive(f"{lane} lane poll", run_once, 0)
+                    step = self._survive(f"{lane} lane poll",
+                                         functools.partial(run_once, woken=woken), 0)
                     faulted |= step.database_fault
                     handled_total += step.value
                     delays.append(next_poll_delay(step.value, idle, self.settings))
@@ -300,11 +308,12 @@ class WorkerProcess:
             idle = 0 if handled_total else idle + 1
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)
-            self.wakeup.wait(wait)
+            # Never twice in a row: a worker woken again and again still keeps house.
+            woken = self.wakeup.wait(wait) and not woken
 
-    def _run_long(self) -> int:
+    def _run_long(self, *, woken: bool) -> int:
         assert self.long is not None
-        return self.long.run_once()
+        return self.long.run_once(woken=woken)
 
     def _survive[T](self, where: str, step: Callable[[], T], fallback: T) -> Step[T]:
         """Run one step of the worker (a poll, a service, a beat): a database fault is an

@@ -11,6 +11,7 @@ Callers write ``store.<function>``; the lanes, leases and outcome code never wri
 from jobs_engine.store.dialect import (
     db_now,
     is_postgres,
+    poll_woken,
     queue_busy,
     table_row_estimate,
     writable_ctes,
@@ -22,5 +23,5 @@ from jobs_engine.store.operators import __all__ as _operators
 from jobs_engine.store.queue import *  # noqa: F403
 from jobs_engine.store.queue import __all__ as _queue
 
-__all__ = ["db_now", "is_postgres", "queue_busy", "table_row_estimate", "writable_ctes",
-           *_queue, *_leases, *_operators]
+__all__ = ["db_now", "is_postgres", "poll_woken", "queue_busy", "table_row_estimate",
+           "writable_ctes", *_queue, *_leases, *_operators]

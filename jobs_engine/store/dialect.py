@@ -73,6 +73,7 @@ _plans_made: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _made_busy: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 _monotonic = time.monotonic
 _busy = False  # this process's worker found rows at its last poll (``queue_busy``)
+_woken = False  # its next poll answers a wake-up (``poll_woken``)
 
 
 def queue_busy(busy: bool) -> None:
@@ -84,6 +85,15 @@ def queue_busy(busy: bool) -> None:
     again, and plans made since are kept for ``REPLAN_S``."""
     global _busy
     _busy = busy
+
+
+def poll_woken(woken: bool) -> None:
+    """This process's worker's next poll answers a wake-up (a NOTIFY or a poke after an
+    idle wait). It runs with the plans the session has and the table size last read,
+    however old: made again at the poll after it. Idle more than ``REPLAN_S``, a worker
+    otherwise spent its wake-up remaking them (1-1.5 ms of a 2 ms commit-to-handler)."""
+    global _woken
+    _woken = woken
 
 
 def _prepared_cursor(db: Any) -> Any:
@@ -98,8 +108,9 @@ def _prepared_cursor(db: Any) -> Any:
     worker that first polled an empty queue kept a sequential scan for the burst that
     followed (three long-lane workers drained 10,000 rows at 500 jobs/s instead of 6,600).
     So the session drops its plans every ``REPLAN_S`` and makes them again for the table
-    as it is then: a plan made on a small table serves one second at most, and once the
-    worker finds rows, none made while it found none (``queue_busy``). Where the
+    as it is then: a plan made on a small table serves one second at most (and the poll
+    answering a wake-up, ``poll_woken``), and once the worker finds rows, none made
+    while it found none (``queue_busy``). Where the
     project binds server-side itself, its statements are prepared too: its
     ``prepare_threshold`` and the plan cache mode stand."""
     import psycopg
@@ -110,8 +121,9 @@ def _prepared_cursor(db: Any) -> Any:
         made, now = _plans_made.get(raw_connection), _monotonic()
         raw_connection.prepare_threshold = 0  # only server-side cursors, so only these
         # In autocommit only: a SET in a transaction would end with a rollback.
-        stale = (made is None or not 0 <= now - made < REPLAN_S
-                 or (_busy and not _made_busy.get(raw_connection, False)))
+        stale = made is None or (not _woken and (
+            not 0 <= now - made < REPLAN_S
+            or (_busy and not _made_busy.get(raw_connection, False))))
         if stale and db.get_autocommit():
             with db.wrap_database_errors:
                 raw_connection.execute("SET plan_cache_mode = force_generic_plan"
@@ -352,7 +364,7 @@ def planned_rows(table_name: str) -> int | None:
     worker session makes (as often) are made for."""
     now = _monotonic()
     seen = _row_estimates.get(table_name)
-    if seen is None or not 0 <= now - seen[0] < REPLAN_S:
+    if seen is None or (not _woken and not 0 <= now - seen[0] < REPLAN_S):
         seen = _row_estimates[table_name] = (now, table_row_estimate(table_name))
     return seen[1]
 

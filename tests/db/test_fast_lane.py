@@ -53,10 +53,10 @@ class Worker:
     leases: PartitionLeases
     clock: FakeMonotonic = field(default_factory=FakeMonotonic)
 
-    def run(self, at: datetime) -> int:
+    def run(self, at: datetime, *, woken: bool = False) -> int:
         """Heartbeat at ``at`` (so the lease is live at that time), then poll."""
         self.leases.heartbeat(at)
-        return self.lane.run_once(at)
+        return self.lane.run_once(at, woken=woken)
 
 
 def make_worker(name: str, settings: JobsSettings | None = None,
@@ -341,6 +341,7 @@ def test_a_window_without_a_head_falls_back_to_the_whole_backlog(
         put("fl.held", t0 - seconds_ago * SECOND, key="k2", version=version)
     assert worker.run(t0) == 0
     worker.clock.advance(conf.jobs_settings().POLL_S)
+    assert worker.run(t0, woken=True) == 0  # a wake-up's poll leaves the walk to the next
     assert worker.run(t0) == 1
 
 

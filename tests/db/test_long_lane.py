@@ -182,11 +182,13 @@ def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
         targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker session keeps a generic plan per prepared statement, made for the table's
     size at the time: the reserve's plan made on an empty queue walks the whole table.
-    ``REPLAN_S`` later the session makes its plans again, for the table as it is."""
+    ``REPLAN_S`` later the session makes its plans again, for the table as it is (at the
+    poll after the one answering a wake-up, which goes straight to the woken rows)."""
     from jobs_engine.store import dialect
 
     clock = [1000.0]
     monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(dialect, "_woken", False)  # restored after the test
     targets("ll.replan", handler=lambda job: None, lane="long")
     lane = long_worker("R", load_settings({"LONG_PREFETCH": 1}, environ={}))
     with connection.cursor() as cursor:
@@ -203,6 +205,10 @@ def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
     assert lane.run_once(t0) == 10
     assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)
     clock[0] += dialect.REPLAN_S / 2
+    store.poll_woken(True)  # a wake-up's poll runs with the plans the session has
+    assert lane.run_once(t0, woken=True) == 10
+    assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)
+    store.poll_woken(False)  # and the poll after it makes them again
     assert lane.run_once(t0) == 10
     plan = reserve_plan(reserves)
     assert "Seq Scan on jobs_engine_job j" not in plan
@@ -656,3 +662,21 @@ def test_expired_leases_are_looked_for_at_most_once_a_second(targets: Any, t0: d
     assert lane.run_once(t0 - MINUTE + SECOND / 2) == 0  # not looked for again so soon
     assert lane.run_once(t0) == 1  # a second later: released and run
     assert not JobModel.objects.filter(id=job_id).exists()
+
+
+def test_a_poll_answering_a_wake_up_leaves_the_rescue_to_the_next(targets: Any, t0: datetime
+                                                                  ) -> None:
+    """The rescue of expired leases is a statement of its own: a poll woken by a NOTIFY
+    starts the woken row without it, and the poll after it rescues."""
+    ran: list[int | None] = []
+    targets("ll.woken", handler=lambda job: ran.append(job.id), lane="long")
+    stuck = put("ll.woken", t0 - MINUTE)
+    JobModel.objects.filter(id=stuck).update(status=JobStatus.RUNNING, claim_token="gone",
+                                             lease_until=t0 - SECOND)
+    woke = put("ll.woken", t0)
+    lane = long_worker("W")
+    assert lane.run_once(t0, woken=True) == 1
+    assert ran == [woke]
+    assert row(stuck).status == JobStatus.RUNNING
+    assert lane.run_once(t0) == 1  # released and run
+    assert ran == [woke, stuck]

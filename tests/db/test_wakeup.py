@@ -1,8 +1,10 @@
-"""An idle worker's sleep (``Wakeup``): woken by a NOTIFY or a poke, never by one twice.
+"""An idle worker's sleep (``Wakeup``) and the poll that answers its end.
 
-The LISTEN connection is read through libpq directly (``drain_notifications``); these
-tests hold it to what psycopg's own reader did: every queued notification consumed, the
-socket quiet again afterwards, a broken connection put aside instead of raised.
+The sleep is woken by a NOTIFY or a poke, never by one twice. The LISTEN connection is
+read through libpq directly (``drain_notifications``); these tests hold it to what
+psycopg's own reader did: every queued notification consumed, the socket quiet again
+afterwards, a broken connection put aside instead of raised. The poll after a sleep that
+was woken goes straight to the rows, and leaves what fell due meanwhile to the next.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Iterator
 import pytest
 
 from jobs_engine import store
-from jobs_engine.lanes.worker import Wakeup
-from jobs_engine.store import is_postgres
+from jobs_engine.conf import load_settings
+from jobs_engine.lanes.worker import Wakeup, WorkerProcess
+from jobs_engine.store import dialect, is_postgres
 from tests.db.test_enqueue import pg_connect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,6 +51,13 @@ def test_a_poke_ends_the_wait_once(wakeup: Wakeup) -> None:
     assert slept(wakeup, ASLEEP_S) >= ASLEEP_S * 0.9, "a second poke woke the next wait too"
 
 
+def test_the_wait_says_whether_it_was_woken(wakeup: Wakeup) -> None:
+    assert wakeup.wait(0.05) is False  # slept its time
+    wakeup.poke()
+    assert wakeup.wait(5) is True
+    assert wakeup.wait(0) is False  # no sleep at all: a busy worker's next poll
+
+
 def sleeps_without_listener(wakeup: Wakeup) -> bool:
     """SQLite has no NOTIFY: no LISTEN connection, and the wait is the poll delay."""
     return wakeup._listener is None and slept(wakeup, ASLEEP_S) >= ASLEEP_S * 0.9
@@ -58,7 +68,9 @@ def test_notifications_wake_the_wait_once_and_are_all_consumed(wakeup: Wakeup) -
         assert sleeps_without_listener(wakeup)
         return
     notify(times=3)
-    assert slept(wakeup, 5) < 1, "a NOTIFY did not end the wait"
+    started = time.monotonic()
+    assert wakeup.wait(5) is True
+    assert time.monotonic() - started < 1, "a NOTIFY did not end the wait"
     assert wakeup._listener.pgconn.notifies() is None, "notifications left queued in libpq"
     assert slept(wakeup, ASLEEP_S) >= ASLEEP_S * 0.9, "the same notifications woke it again"
     notify()
@@ -79,3 +91,53 @@ def test_a_broken_listener_is_put_aside_not_raised(wakeup: Wakeup) -> None:
             break
     assert wakeup._listener is None, "the broken LISTEN connection was kept"
     assert slept(wakeup, ASLEEP_S) >= ASLEEP_S * 0.9, "waits on the poll delay meanwhile"
+
+
+# -- the poll after a wake-up ---------------------------------------------------------------
+
+
+def test_the_poll_answering_a_wake_up_reads_the_table_size_it_has(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planner's estimate of the table is read again once a ``REPLAN_S`` (it chooses
+    the fast poll's text), but not by the poll answering a wake-up: by the poll after it."""
+    clock = [3000.0]
+    reads: list[str] = []
+    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(dialect, "_row_estimates", {})
+    monkeypatch.setattr(dialect, "_woken", False)
+    monkeypatch.setattr(dialect, "table_row_estimate",
+                        lambda name: reads.append(name) or len(reads))
+    assert dialect.planned_rows("t") == 1
+    clock[0] += dialect.REPLAN_S
+    store.poll_woken(True)
+    assert dialect.planned_rows("t") == 1
+    store.poll_woken(False)
+    assert dialect.planned_rows("t") == 2
+
+
+class AlwaysWoken:
+    """A ``Wakeup`` whose every wait is ended early, ``waits`` times, then stops."""
+
+    def __init__(self, waits: int) -> None:
+        self.waits = waits
+        self.stopping = False
+
+    def wait(self, seconds: float) -> bool:
+        self.waits -= 1
+        self.stopping = self.waits <= 0
+        return True
+
+
+def test_a_worker_woken_again_and_again_keeps_house_every_other_poll(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a poll that follows a wait ended early answers a wake-up, and never two polls in
+    a row: the housekeeping it leaves (the clock, plans, rescues) is done at the next."""
+    monkeypatch.setattr(dialect, "_woken", False)
+    worker = WorkerProcess({"long"}, load_settings({}, environ={}))
+    worker.wakeup = AlwaysWoken(waits=5)  # type: ignore[assignment]
+    worker._heartbeat_ok_until = float("inf")
+    polls: list[tuple[bool, bool]] = []
+    monkeypatch.setattr(worker.long, "run_once",
+                        lambda *, woken: polls.append((woken, dialect._woken)) or 0)
+    worker._loop()
+    assert polls == [(False, False), (True, True), (False, False), (True, True), (False, False)]

@@ -30,3 +30,13 @@ def test_the_database_is_asked_once_a_second_and_the_answer_moves_on() -> None:
     monotonic.advance(0.01)
     assert time.now() == T0 + timedelta(seconds=5)  # asked again: the database's word wins
     assert len(asked) == 2
+
+
+def test_a_wake_up_poll_defers_a_due_reading_to_the_next_call() -> None:
+    monotonic = FakeMonotonic()
+    answers = iter([T0, T0 + timedelta(seconds=9)])
+    time = DatabaseTime(lambda: next(answers), monotonic, every_s=1.0)
+    assert time.now(defer_read=True) == T0  # the first reading is never deferred
+    monotonic.advance(3)
+    assert time.now(defer_read=True) == T0 + timedelta(seconds=3)  # carried over the sleep
+    assert time.now() == T0 + timedelta(seconds=9)  # the next call reads
