@@ -68,6 +68,8 @@ class Options:
     memory_big: int = 1_000_000
     results_dir: Path = field(default=RESULTS)
     long_wait_n: int = 3_000
+    lat_sparse_n: int = 10
+    lat_sparse_rate: float = 0.2
 
     @property
     def logs(self) -> Path:

@@ -91,6 +91,11 @@ def rows_for(o: Options) -> list[Row]:
         Row("lat:notify:p99", "L p99, NOTIFY", "ms", "", None, "≤ 5 ms",
             "raw 0.9; django-q2 Redis 1.0; Celery 1.6; Procrastinate 3.7; django-q2 ORM 102.5; "
             "django-tasks-db 993"),
+        Row("lat:sparse:fast:p50", f"L p50, NOTIFY, sparse events ({o.lat_sparse_n} at "
+            f"{o.lat_sparse_rate:g}/s, the worker idle between), fast lane", "ms"),
+        Row("lat:sparse:fast:p99", "L p99, NOTIFY, sparse events, fast lane", "ms"),
+        Row("lat:sparse:long:p50", "L p50, NOTIFY, sparse events, long lane", "ms"),
+        Row("lat:sparse:long:p99", "L p99, NOTIFY, sparse events, long lane", "ms"),
         Row("lat:poll:p50", "L p50, polling only (JOBS_NOTIFY=off, IDLE_POLL_S default 1,2,5)",
             "ms", peers="django-tasks-db 528 (1 s poll); django-q2 ORM 51.9"),
         Row("lat:poll:p99", "L p99, polling only", "ms",
@@ -306,7 +311,7 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
         out.append(
             "- Latency: handler start (time.time() in the worker, appended to a file) - the "
             "moment the autocommit enqueue() returned in the bench; fast lane, at-most-once "
-            "target.")
+            "target; the sparse rows also the long lane (a worker of each, in turn).")
     if measured("poll:"):
         out.append(
             "- Poll cost: the worker's poll statement (store.jobs_fast_poll, prepared), "

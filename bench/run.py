@@ -56,6 +56,10 @@ def parser() -> argparse.ArgumentParser:
                    help="jobs of the long phase's waiting handler (20 ms each)")
     p.add_argument("--lat-n", type=int, default=200)
     p.add_argument("--lat-rate", type=float, default=20.0)
+    p.add_argument("--lat-sparse-n", type=int, default=10,
+                   help="latency samples of sparse events, per lane (0: none)")
+    p.add_argument("--lat-sparse-rate", type=float, default=0.2,
+                   help="their rate per second: each finds the worker idle for seconds")
     p.add_argument("--poll-small", type=int, default=1_000)
     p.add_argument("--poll-big", type=int, default=1_000_000)
     p.add_argument("--poll-reps", type=int, default=50)
@@ -135,7 +139,8 @@ def options(args: argparse.Namespace) -> Options:
                    tasks_e1_n=args.tasks_e1_n, tasks_n=args.tasks_n, tasks_lat_n=args.tasks_lat_n,
                    tasks_lat_pause_s=args.tasks_lat_pause_ms / 1000,
                    memory_small=args.memory_small, memory_big=args.memory_big,
-                   long_wait_n=args.long_wait_n, **extra)
+                   long_wait_n=args.long_wait_n, lat_sparse_n=args.lat_sparse_n,
+                   lat_sparse_rate=args.lat_sparse_rate, **extra)
 
 
 def prepare() -> None:

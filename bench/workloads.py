@@ -144,11 +144,15 @@ def phase_long(o: Options) -> Metrics:
     return out
 
 
-def latency_run(o: Options, mode: str, lane: str = "fast") -> tuple[float, float, int]:
+def latency_run(o: Options, mode: str, lane: str = "fast", *, sparse: bool = False
+                ) -> tuple[float, float, int]:
     """L: one idle worker of ``lane`` (``fast``: run_fast_lane, ``long``: run_long_lane);
-    ``lat_n`` jobs of its latency probe at ``lat_rate``/s, each its own commit."""
+    ``lat_n`` jobs of its latency probe at ``lat_rate``/s, each its own commit (``sparse``:
+    ``lat_sparse_n`` at ``lat_sparse_rate``/s, each finding the worker idle for seconds)."""
     target, command = targets.LATENCY_BY_LANE[lane]
-    name = f"latency-{mode}" if lane == "fast" else f"latency-{lane}-{mode}"
+    count, rate = (o.lat_sparse_n, o.lat_sparse_rate) if sparse else (o.lat_n, o.lat_rate)
+    name = (f"latency-{mode}" if lane == "fast" else f"latency-{lane}-{mode}") \
+        + ("-sparse" if sparse else "")
     reset()
     o.logs.mkdir(parents=True, exist_ok=True)
     lat_file = o.logs / f"{name}.task"
@@ -165,8 +169,8 @@ def latency_run(o: Options, mode: str, lane: str = "fast") -> tuple[float, float
         wait_for("warm-up job", lambda: warm in read_starts(lat_file), workers, timeout=60)
         time.sleep(2.0)  # idle and waiting
         started = time.perf_counter()
-        for i in range(o.lat_n):
-            delay = started + i / o.lat_rate - time.perf_counter()
+        for i in range(count):
+            delay = started + i / rate - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
             key = f"lat-{tag}-{i}"
@@ -188,6 +192,13 @@ def phase_latency(o: Options) -> Metrics:
         out[f"lat:{mode}:p50"], out[f"lat:{mode}:p99"] = p50, p99
         out[f"lat:{mode}:missing"] = missing
         print(f"    L {mode}: p50 {p50:.2f} ms, p99 {p99:.2f} ms, missing {missing}", flush=True)
+    if store.is_postgres() and o.lat_sparse_n:
+        for lane in ("fast", "long"):
+            p50, p99, missing = latency_run(o, "notify", lane, sparse=True)
+            out[f"lat:sparse:{lane}:p50"], out[f"lat:sparse:{lane}:p99"] = p50, p99
+            out[f"lat:sparse:{lane}:missing"] = missing
+            print(f"    L sparse {lane} lane: p50 {p50:.2f} ms, p99 {p99:.2f} ms, "
+                  f"missing {missing}", flush=True)
     return out
 
 
