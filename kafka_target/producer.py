@@ -129,7 +129,10 @@ class KafkaProducer:
         self._producer: Any = None
         self._lock = threading.Lock()
         self._replace = False
-        self.client_errors: list[str] = []  # error_cb messages seen during the current send
+        # error_cb messages since the last send that delivered every record: librdkafka
+        # reports a repeated error once, so a broker refusing since before a send is told
+        # before it, not during it.
+        self.client_errors: list[str] = []
         self.sends = 0
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
@@ -193,10 +196,12 @@ class KafkaProducer:
         with self._lock:
             start = self._monotonic()
             deadline = start + SEND_DEADLINE_S if deadline is None else deadline
-            self.client_errors = []
             self.sends += 1
             producer = self._client()
-            return self._send(producer, messages, start, deadline)
+            results = self._send(producer, messages, start, deadline)
+            if all(result is None for result in results):  # the errors before are over
+                self.client_errors = []
+            return results
 
     def _send(self, producer: Any, messages: Sequence[OutMessage], start: float,
               deadline: float) -> list[Any]:

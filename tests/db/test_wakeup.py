@@ -68,6 +68,7 @@ def test_notifications_wake_the_wait_once_and_are_all_consumed(wakeup: Wakeup) -
         assert sleeps_without_listener(wakeup)
         return
     notify(times=3)
+    time.sleep(ASLEEP_S)  # all three in the socket (three commits: they may come apart)
     started = time.monotonic()
     assert wakeup.wait(5) is True
     assert time.monotonic() - started < 1, "a NOTIFY did not end the wait"

@@ -51,6 +51,7 @@ TOPICS: dict[str, tuple[int, dict[str, str]]] = {
     "jt.alo": (1, {}),
     "jt.small": (1, {"max.message.bytes": "1024"}),
     "jt.outage": (3, {}),
+    "jt.idle": (1, {}),
     "jt.hung": (1, {}),
     "jt.hung-alo": (1, {}),
 }

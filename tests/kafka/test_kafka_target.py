@@ -30,7 +30,8 @@ from jobs_engine.job import Job
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus
-from kafka_target.producer import producers
+from kafka_target.producer import KafkaProducer, OutMessage, producers
+from kafka_target.settings import QUEUE_WAIT_S
 from kafka_target.target import DISABLED_REASON, KafkaSendError, KafkaTarget, classify
 from tests.kafka.conftest import REPO_ROOT, KafkaBroker, LaneWorker, TopicReader
 
@@ -283,6 +284,33 @@ def test_broker_down_pauses_keeps_attempts_then_drains_in_key_order(
     for key in keys:
         versions = [d.payload["version"] for d in got if d.key == key.encode()]
         assert versions == [1, 2, 3], (key, versions)
+
+
+def test_client_errors_from_before_a_send_are_kept_until_a_send_delivers(
+        broker: KafkaBroker) -> None:
+    """The client reports a repeated connection error once, and often while the worker is
+    idle: a broker down since before a send may report nothing during it (its reason then
+    said only "no broker took it"). What the client said since the last send that
+    delivered everything stays for the pause reason; a delivered send clears it."""
+    producer = KafkaProducer({"bootstrap.servers": broker.bootstrap,
+                              "socket.connection.setup.timeout.ms": 30_000})
+    record = OutMessage("jt.idle", b"{}", b"k", [])
+    try:
+        assert producer.send([record]) == [None]  # connected
+        broker.pause()  # hung: nothing answers, and the client says nothing meanwhile
+        try:
+            # As librdkafka's error callback reports a refusal between two sends.
+            producer._on_error(KafkaError(KafkaError._TRANSPORT,
+                                          "127.0.0.1:1/1: Connection refused"))
+            results = producer.send([record], deadline=time.monotonic() + QUEUE_WAIT_S + 1)
+            assert results[0] is not None  # not delivered
+            assert any(e.endswith("Connection refused") for e in producer.client_errors)
+        finally:
+            broker.resume()
+        assert producer.send([record]) == [None]
+        assert producer.client_errors == []
+    finally:
+        producer.close()
 
 
 def test_broker_hung_before_the_connection_is_up_is_not_sent(
