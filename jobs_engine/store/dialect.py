@@ -308,15 +308,14 @@ def skip_locked() -> str:
     return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
 
 
-def notify_after_insert(insert_cte: str, channel: str) -> str:
-    """``insert_cte``, an ``INSERT ... RETURNING id, dedupe_key, lane``, plus one NOTIFY per
-    lane it inserted into, delivered when the caller's transaction commits (PostgreSQL;
-    SQLite workers poll)."""
-    if not is_postgres():
-        return insert_cte
-    return (f"WITH inserted AS ({insert_cte}), notified AS (SELECT pg_notify('{channel}', lane) "
-            "FROM (SELECT DISTINCT lane FROM inserted) AS lanes) "
-            "SELECT id, dedupe_key, (SELECT COUNT(*) FROM notified) FROM inserted")
+def notify_returning(channel: str) -> str:
+    """The end of an ``INSERT ... RETURNING id, dedupe_key``: on PostgreSQL one NOTIFY per
+    row inserted, delivered when the caller's transaction commits, folded by PostgreSQL
+    into one per lane (identical notifications of a transaction are sent once). SQLite
+    workers poll. A row left out by ``ON CONFLICT DO NOTHING`` notifies nothing. In the
+    returned list rather than a CTE that notified once per lane: the CTE made the database
+    parse and plan a third more, for a one-row enqueue 1,890 jobs/s against 2,500."""
+    return f", pg_notify('{channel}', lane)" if is_postgres() else ""
 
 
 def json_array_has(array_column: str, value_column: str) -> str:

@@ -51,7 +51,7 @@ from jobs_engine.store.dialect import (
     json_object,
     json_param,
     jsonb,
-    notify_after_insert,
+    notify_returning,
     planned_rows,
     read_dt,
     read_json,
@@ -221,10 +221,10 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
 
     ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the caller's
     transaction. On PostgreSQL the statement also queues a NOTIFY per lane, delivered when
-    the caller's transaction commits. A new row of a key whose head waits for a retry
-    starts at the head's run time: it is held until then anyway, and keeping held rows
-    out of the due range keeps the fast poll's cost flat (rows without a key skip that
-    lookup: a statement the database plans in a third of the time).
+    the caller's transaction commits (``notify_returning``). A new row of a key whose head
+    waits for a retry starts at the head's run time: it is held until then anyway, and
+    keeping held rows out of the due range keeps the fast poll's cost flat (rows without a
+    key skip that lookup: a statement the database plans in a third of the time).
     """
     if not rows:
         return {}
@@ -253,12 +253,12 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
         f"{next_run_at}, '', trace_id, "
         f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
-        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
-    sql = notify_after_insert(insert, NOTIFY_CHANNEL)
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
+        + notify_returning(NOTIFY_CHANNEL))
     # The head's lookup is planned at each call: a plan kept from a near-empty table would
     # scan it whole for every keyed row once it has grown.
     return {row[1]: row[0] for row in fetch_insert(
-        sql, [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=not keyed)}
+        insert, [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=not keyed)}
 
 
 def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, int]:
@@ -271,14 +271,15 @@ def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, 
         f"priority, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, {jsonb(using=using)}, "
         f"{jsonb(using=using)}, %s, '{ENQUEUE.target}', %s, 0, COALESCE(%s, {stamp}), '', %s, "
         f"{jsonb(using=using)}, %s, {stamp}, {stamp}) "
-        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key, lane")
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
+        + notify_returning(NOTIFY_CHANNEL))
     params = [row.code, row.target, row.lane, row.partition, row.version, row.payload_json,
               json_param(row.headers), row.dedupe_key, row.delivery_mode, dt(row.run_at, using),
               *stamp_params, row.trace_id,
               json_param(row.actor) if row.actor is not None else None, row.priority,
               *stamp_params, *stamp_params]
     return {found[1]: found[0] for found in fetch_insert(
-        notify_after_insert(insert, NOTIFY_CHANNEL), params, using, plan_may_be_kept=True)}
+        insert, params, using, plan_may_be_kept=True)}
 
 
 def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -730,6 +731,13 @@ def test_notify_only_after_commit(targets: Targets) -> None:
 
         enqueue("t:fast", 4, dedupe_key="n:4")  # autocommit: woken at once
         assert _notified(listener, 2) == [("jobs_engine", "fast")]
+
+        # A NOTIFY per row inserted, folded by PostgreSQL into one per lane at the commit.
+        enqueue_many([{"target": "t:fast", "payload": n, "key": f"k{n % 2}"} for n in range(5)]
+                     + [{"target": "t:long", "payload": n} for n in range(3)])
+        time.sleep(0.5)  # every notification of the commit has arrived
+        assert sorted(_notified(listener, 0.5)) == [("jobs_engine", "fast"),
+                                                    ("jobs_engine", "long")]
 
 
 # -- bad text never reaches the database ------------------------------------------------------
