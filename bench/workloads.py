@@ -151,8 +151,8 @@ def latency_run(o: Options, mode: str, lane: str = "fast", *, sparse: bool = Fal
     ``lat_sparse_n`` at ``lat_sparse_rate``/s, each finding the worker idle for seconds)."""
     target, command = targets.LATENCY_BY_LANE[lane]
     count, rate = (o.lat_sparse_n, o.lat_sparse_rate) if sparse else (o.lat_n, o.lat_rate)
-    name = (f"latency-{mode}" if lane == "fast" else f"latency-{lane}-{mode}") \
-        + ("-sparse" if sparse else "")
+    name = "-".join(["latency", *([lane] if lane != "fast" else []), mode,
+                     *(["sparse"] if sparse else [])])
     reset()
     o.logs.mkdir(parents=True, exist_ok=True)
     lat_file = o.logs / f"{name}.task"

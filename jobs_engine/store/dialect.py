@@ -91,7 +91,8 @@ def poll_woken(woken: bool) -> None:
     """This process's worker's next poll answers a wake-up (a NOTIFY or a poke after an
     idle wait). It runs with the plans the session has and the table size last read,
     however old: made again at the poll after it. Idle more than ``REPLAN_S``, a worker
-    otherwise spent its wake-up remaking them (1-1.5 ms of a 2 ms commit-to-handler)."""
+    otherwise spent its wake-up remaking them (1.2 ms of the 5 ms from commit to handler
+    that sparse events took)."""
     global _woken
     _woken = woken
 
@@ -110,9 +111,9 @@ def _prepared_cursor(db: Any) -> Any:
     So the session drops its plans every ``REPLAN_S`` and makes them again for the table
     as it is then: a plan made on a small table serves one second at most (and the poll
     answering a wake-up, ``poll_woken``), and once the worker finds rows, none made
-    while it found none (``queue_busy``). Where the
-    project binds server-side itself, its statements are prepared too: its
-    ``prepare_threshold`` and the plan cache mode stand."""
+    while it found none (``queue_busy``). Where the project binds server-side itself,
+    its statements are prepared too: its ``prepare_threshold`` and the plan cache mode
+    stand."""
     import psycopg
 
     db.ensure_connection()
