@@ -71,46 +71,59 @@ _ARGUMENTS = frozenset({"target", "payload", "code", "key", "version", "dedupe_k
 
 
 def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, store.NewJob]:
-    unknown = item.keys() - _ARGUMENTS
-    if unknown:
-        raise InvalidJob(sorted(unknown)[0], "is not an enqueue argument")
-    if "target" not in item:
+    """Every check of one item, then its row. Runs once per job: each argument is read
+    once, and the checks of an absent one cost a comparison (an enqueue of 100 jobs spent
+    more time here than in PostgreSQL's insert)."""
+    if not item.keys() <= _ARGUMENTS:
+        raise InvalidJob(sorted(item.keys() - _ARGUMENTS)[0], "is not an enqueue argument")
+    get = item.get
+    name = get("target")
+    if name is None and "target" not in item:
         raise InvalidJob("target", "is required")
-    target = get_target(item["target"])
-    payload_json = _json_text("payload", item.get("payload"), settings.MAX_PAYLOAD_BYTES)
-    key, code, dedupe_key = item.get("key"), item.get("code"), item.get("dedupe_key")
-    _check_text("key", key, min(settings.MAX_KEY_LENGTH, _COLUMN_KEY_LENGTH))
-    _check_text("code", code, min(settings.MAX_CODE_LENGTH, _COLUMN_CODE_LENGTH))
-    _check_text("dedupe_key", dedupe_key, MAX_DEDUPE_KEY_LENGTH)
-    version = item.get("version")
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+    target = get_target(name)
+    payload_json = _json_text("payload", get("payload"), settings.MAX_PAYLOAD_BYTES)
+    key, code, dedupe_key = get("key"), get("code"), get("dedupe_key")
+    if key is not None:
+        _check_text("key", key, min(settings.MAX_KEY_LENGTH, _COLUMN_KEY_LENGTH))
+    if code is not None:
+        _check_text("code", code, min(settings.MAX_CODE_LENGTH, _COLUMN_CODE_LENGTH))
+    if dedupe_key is not None:
+        _check_text("dedupe_key", dedupe_key, MAX_DEDUPE_KEY_LENGTH)
+    else:
+        dedupe_key = secrets.token_hex(16)  # 128 random bits, as uuid4().hex had
+    version = get("version")
+    if version is None:
+        version = 0
+    elif isinstance(version, bool) or not isinstance(version, int):
         raise InvalidJob("version", f"must be an integer, got {version!r}")
-    if version is not None and version < 0:
+    elif version < 0:
         raise InvalidJob("version", f"must not be negative, got {version}")
-    headers = item.get("headers")
-    headers = {} if headers is None else headers
-    if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
-        raise InvalidJob("headers", "must be a mapping with string keys")
-    if headers:  # the store encodes them again; checked here for what it cannot write
-        _json_text("headers", dict(headers))
-    run_at = item.get("run_at")
+    headers = get("headers")
+    if headers is None:
+        headers = {}
+    else:
+        if not isinstance(headers, Mapping) or not all(isinstance(k, str) for k in headers):
+            raise InvalidJob("headers", "must be a mapping with string keys")
+        headers = dict(headers)
+        if headers:  # the store encodes them again; checked here for what it cannot write
+            _json_text("headers", headers)
+    run_at = get("run_at")
     if run_at is not None and (not isinstance(run_at, datetime) or timezone.is_naive(run_at)):
         raise InvalidJob("run_at", "must be a timezone-aware datetime")
-    priority = item.get("priority") or 0
-    if isinstance(priority, bool) or not isinstance(priority, int) \
-            or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise InvalidJob("priority", f"must be a whole number from {MIN_PRIORITY} to "
-                                     f"{MAX_PRIORITY}, got {priority!r}")
-    if priority and target.lane is not Lane.LONG:
-        raise InvalidJob("priority", f"orders the long lane only; {target.name} runs on the "
-                                     f"{target.lane.value} lane, in key order")
-    dedupe_key = dedupe_key or secrets.token_hex(16)  # 128 random bits, as uuid4().hex had
-    return target, store.NewJob(
-        code=code or target.name, target=target.name, lane=target.lane.value, key=key,
-        partition=partition_for(key, dedupe_key, settings.PARTITIONS), version=version or 0,
-        payload_json=payload_json, headers=dict(headers), dedupe_key=dedupe_key,
-        delivery_mode=target.delivery_mode.value, trace_id=current_trace_id(),
-        actor=current_actor(), run_at=run_at, priority=priority,
+    priority = get("priority") or 0
+    if priority:
+        if isinstance(priority, bool) or not isinstance(priority, int) \
+                or not MIN_PRIORITY <= priority <= MAX_PRIORITY:
+            raise InvalidJob("priority", f"must be a whole number from {MIN_PRIORITY} to "
+                                         f"{MAX_PRIORITY}, got {priority!r}")
+        if target.lane is not Lane.LONG:
+            raise InvalidJob("priority", f"orders the long lane only; {target.name} runs on "
+                                         f"the {target.lane.value} lane, in key order")
+    return target, store.NewJob(  # positional: a third of the keyword call's time
+        code or target.name, target.name, target.lane.value, key,
+        partition_for(key, dedupe_key, settings.PARTITIONS), version, payload_json, headers,
+        dedupe_key, target.delivery_mode.value, current_trace_id(), current_actor(), run_at,
+        priority,
     )
 
 

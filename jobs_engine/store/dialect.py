@@ -151,8 +151,7 @@ def fetch_insert(sql: str, params: Sequence[Any], using: str | None = None, *,
     db.ensure_connection()
     prepare = plan_may_be_kept and _may_prepare(db)
     with _wrapped(db, _insert_cursor_class(prepare)(db.connection)) as cursor:
-        cursor.cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
-        cursor.execute(sql, params)
+        cursor.execute(sql, params)  # ids and keys back: no timestamp to load
         return cursor.fetchall()
 
 
@@ -200,12 +199,16 @@ def db_now() -> datetime:
     return timezone.now()
 
 
-def clock_sql(now: datetime, using: str | None = None) -> tuple[str, list[Any]]:
+def clock_text(using: str | None = None) -> str:
     """SQL for "now" in a statement: PostgreSQL's own clock (the database's clock wins);
-    on SQLite the caller's ``now``, in the stored text form."""
-    if is_postgres(using):
-        return "now()", []
-    return "%s", [dt(now, using)]
+    on SQLite the caller's ``now`` (``clock_params``), in the stored text form. Apart from
+    its parameters, so a statement's text can be made once and kept."""
+    return "now()" if is_postgres(using) else "%s"
+
+
+def clock_params(now: datetime, using: str | None = None) -> list[Any]:
+    """The parameters of one ``clock_text`` in a statement."""
+    return [] if is_postgres(using) else [dt(now, using)]
 
 
 # -- values in and out ------------------------------------------------------------------
@@ -239,9 +242,9 @@ def jsonb(expression: str = "%s", using: str | None = None) -> str:
     return f"{expression}::jsonb" if is_postgres(using) else expression
 
 
-def greatest(first: str, second: str) -> str:
+def greatest(first: str, second: str, using: str | None = None) -> str:
     """The later of two values (SQLite's two-argument ``max`` is PostgreSQL's GREATEST)."""
-    return f"GREATEST({first}, {second})" if is_postgres() else f"MAX({first}, {second})"
+    return f"GREATEST({first}, {second})" if is_postgres(using) else f"MAX({first}, {second})"
 
 
 # -- lists and tables of parameters -----------------------------------------------------
@@ -309,14 +312,14 @@ def skip_locked() -> str:
     return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
 
 
-def notify_returning(channel: str) -> str:
+def notify_returning(channel: str, using: str | None = None) -> str:
     """The end of an ``INSERT ... RETURNING id, dedupe_key``: on PostgreSQL one NOTIFY per
     row inserted, delivered when the caller's transaction commits, folded by PostgreSQL
     into one per lane (identical notifications of a transaction are sent once). SQLite
     workers poll. A row left out by ``ON CONFLICT DO NOTHING`` notifies nothing. In the
     returned list rather than a CTE that notified once per lane: the CTE made the database
     parse and plan a third more, for a one-row enqueue 1,890 jobs/s against 2,500."""
-    return f", pg_notify('{channel}', lane)" if is_postgres() else ""
+    return f", pg_notify('{channel}', lane)" if is_postgres(using) else ""
 
 
 def json_array_has(array_column: str, value_column: str) -> str:

@@ -39,7 +39,8 @@ from jobs_engine.models import Job as JobTable
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane, StepState
 from jobs_engine.store.dialect import (
     ARRAY_FROM,
-    clock_sql,
+    clock_params,
+    clock_text,
     dt,
     execute,
     fetch,
@@ -237,14 +238,25 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
           json_param(row.actor) if row.actor is not None else None, row.priority)
          for row in rows],
         _INSERT_TYPES, using=using, arrays_from=1, as_json=True)  # one text for every size
-    stamp, stamp_params = clock_sql(now, using)
+    stamp_params = clock_params(now, using)
+    keyed = any(row.key is not None for row in rows)
+    # The head's lookup is planned at each call: a plan kept from a near-empty table would
+    # scan it whole for every keyed row once it has grown.
+    return {row[1]: row[0] for row in fetch_insert(
+        f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), " + _insert_many_sql(using, keyed),
+        [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=not keyed)}
+
+
+@lru_cache(maxsize=8)
+def _insert_many_sql(using: str | None, keyed: bool) -> str:
+    """``jobs_insert_many``'s statement after its rows' source, the same at every call of
+    a database (made once: it was a tenth of a one-row enqueue's time in Python)."""
+    stamp = clock_text(using)
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
                    "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
                    "ORDER BY h.version, h.id LIMIT 1)")
-    keyed = any(row.key is not None for row in rows)
-    next_run_at = greatest("due", f"COALESCE({head_run_at}, due)") if keyed else "due"
-    insert = (
-        f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
+    next_run_at = greatest("due", f"COALESCE({head_run_at}, due)", using) if keyed else "due"
+    return (
         f"v AS (SELECT u.*, COALESCE(u.run_at, {stamp}) AS due, {stamp} AS stamp FROM u) "
         f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
         "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
@@ -254,32 +266,34 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         f"{next_run_at}, '', trace_id, "
         f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
         "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
-        + notify_returning(NOTIFY_CHANNEL))
-    # The head's lookup is planned at each call: a plan kept from a near-empty table would
-    # scan it whole for every keyed row once it has grown.
-    return {row[1]: row[0] for row in fetch_insert(
-        insert, [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=not keyed)}
+        + notify_returning(NOTIFY_CHANNEL, using))
 
 
 def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, int]:
     """``jobs_insert_many`` of one row without a key (a task, a report): a plain insert,
     which the database plans in a fraction of the time of the many-row statement."""
-    stamp, stamp_params = clock_sql(now, using)
-    insert = (
-        f"INSERT INTO {JOBS} (code, target, lane, partition, version, payload, headers, "
-        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
-        f"priority, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, {jsonb(using=using)}, "
-        f"{jsonb(using=using)}, %s, '{ENQUEUE.target}', %s, 0, COALESCE(%s, {stamp}), '', %s, "
-        f"{jsonb(using=using)}, %s, {stamp}, {stamp}) "
-        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
-        + notify_returning(NOTIFY_CHANNEL))
+    stamp_params = clock_params(now, using)
     params = [row.code, row.target, row.lane, row.partition, row.version, row.payload_json,
               json_param(row.headers), row.dedupe_key, row.delivery_mode, dt(row.run_at, using),
               *stamp_params, row.trace_id,
               json_param(row.actor) if row.actor is not None else None, row.priority,
               *stamp_params, *stamp_params]
     return {found[1]: found[0] for found in fetch_insert(
-        insert, params, using, plan_may_be_kept=True)}
+        _insert_one_sql(using), params, using, plan_may_be_kept=True)}
+
+
+@lru_cache(maxsize=8)
+def _insert_one_sql(using: str | None) -> str:
+    """``_job_insert_one``'s statement, made once per database (as ``_insert_many_sql``)."""
+    stamp = clock_text(using)
+    return (
+        f"INSERT INTO {JOBS} (code, target, lane, partition, version, payload, headers, "
+        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
+        f"priority, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, {jsonb(using=using)}, "
+        f"{jsonb(using=using)}, %s, '{ENQUEUE.target}', %s, 0, COALESCE(%s, {stamp}), '', %s, "
+        f"{jsonb(using=using)}, %s, {stamp}, {stamp}) "
+        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
+        + notify_returning(NOTIFY_CHANNEL, using))
 
 
 def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
