@@ -908,7 +908,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     results, result_params = table(
         [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
         ("bigint", "text", "timestamptz", "float8", "text"),
-        arrays_from=1 if prepare else ARRAY_FROM)
+        arrays_from=1 if prepare else ARRAY_FROM, as_json=True)
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
                "payload, headers, trace_id, actor, created_at")
     tries = _tries_after("r.tried", "m.tries")

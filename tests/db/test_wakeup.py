@@ -9,6 +9,8 @@ was woken goes straight to the rows, and leaves what fell due meanwhile to the n
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator
 
@@ -49,6 +51,19 @@ def test_a_poke_ends_the_wait_once(wakeup: Wakeup) -> None:
     wakeup.poke()
     assert slept(wakeup, 5) < 1
     assert slept(wakeup, ASLEEP_S) >= ASLEEP_S * 0.9, "a second poke woke the next wait too"
+
+
+def test_pokes_before_a_wait_write_one_byte_and_the_next_poke_wakes_again(
+        wakeup: Wakeup) -> None:
+    for _ in range(100):  # a busy long lane: two pokes a job
+        wakeup.poke()
+    assert os.read(wakeup._read_fd, 4096) == b"!", "each poke wrote a byte of its own"
+    os.write(wakeup._write_fd, b"!")  # put it back for the wait to read
+    assert wakeup.wait(5) is True
+    wakeup.poke()  # the wait read the byte: this poke must write again
+    assert slept(wakeup, 5) < 1, "a poke after a wait was taken as already written"
+    threading.Timer(0.1, wakeup.poke).start()  # from a handler's thread, mid-wait
+    assert slept(wakeup, 5) < 1
 
 
 def test_the_wait_says_whether_it_was_woken(wakeup: Wakeup) -> None:
