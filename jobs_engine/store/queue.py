@@ -38,7 +38,6 @@ from jobs_engine.models import (
 from jobs_engine.models import Job as JobTable
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane, StepState
 from jobs_engine.store.dialect import (
-    ARRAY_FROM,
     clock_params,
     clock_text,
     dt,
@@ -825,16 +824,17 @@ class Guard:
     token: str
 
     def match(self, rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
-        """SQL true for the ``(id, attempts read)`` rows this holder may still write."""
-        if self.lane is Lane.LONG:  # one text for any number of rows: it is prepared
-            ids, id_params = in_("id", [job_id for job_id, _ in rows], arrays_from=1)
+        """SQL true for the ``(id, attempts read)`` rows this holder may still write. On
+        PostgreSQL one text for any number of rows (arrays), so the writes are prepared."""
+        ids, id_params = in_("id", [job_id for job_id, _ in rows], arrays_from=1)
+        if self.lane is Lane.LONG:
             return (f"{ids} AND status IN ('{_RUNNING}', '{_DEAD}') AND claim_token = %s",
                     [*id_params, self.token])
-        ids, id_params = in_("id", [job_id for job_id, _ in rows])
-        if len({attempts for _, attempts in rows}) == 1:
+        if len({attempts for _, attempts in rows}) == 1:  # a send's rows, nearly always
             read, read_params = "attempts = %s", [rows[0][1]]
         else:
-            read, read_params = _id_attempts_in(rows)
+            pairs, read_params = table(rows, ("bigint", "integer"), arrays_from=1)
+            read = f"(id, attempts) IN ({pairs})"
         return (f"{ids} AND ((status = %s AND {read}) OR (status = %s AND claim_token = %s))",
                 [*id_params, _PENDING, *read_params, _DEAD, self.token])
 
@@ -881,8 +881,8 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     """
     if not done:
         return 0
-    # The long lane's texts are the same for any number of rows (arrays): they are prepared.
-    prepare = guard.lane is Lane.LONG
+    # The texts are the same for any number of rows (arrays): prepared, the server parses
+    # and plans them once per session (a third of a 100-row write of the fast lane).
     where, params = guard.match([(d.id, d.attempts) for d in done])
     kept = sorted(done, key=lambda d: d.id, reverse=True)[:keep]
     counted, count_params = "", []
@@ -902,13 +902,13 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         if counted:
             return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING target)"
                          f"{counted} SELECT COUNT(*) FROM moved",
-                         [*params, *count_params], prepare=prepare)[0][0]
+                         [*params, *count_params], prepare=True)[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
     results, result_params = table(
         [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
         ("bigint", "text", "timestamptz", "float8", "text"),
-        arrays_from=1 if prepare else ARRAY_FROM, as_json=True)
+        arrays_from=1, as_json=True)
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
                "payload, headers, trace_id, actor, created_at")
     tries = _tries_after("r.tried", "m.tries")
@@ -923,7 +923,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
             f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
             f"appended AS ({append.format(moved='moved')} RETURNING 1){counted} "
             "SELECT COUNT(*) FROM moved",
-            [*result_params, *params, dt(now), *count_params], prepare=prepare)[0][0]
+            [*result_params, *params, dt(now), *count_params], prepare=True)[0][0]
     execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
             + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
             [*result_params, dt(now), *params])
