@@ -50,6 +50,7 @@ from jobs_engine.store.dialect import (
     json_append,
     json_object,
     json_param,
+    json_rows,
     jsonb,
     notify_returning,
     planned_rows,
@@ -73,6 +74,7 @@ __all__ = [
     "FLOWS",
     "FLOW_STEPS",
     "FLOW_STEP_KEY_PREFIX",
+    "INSERT_JOBS_FUNCTION",
     "JOBS",
     "JOB_STATS",
     "JOB_STAT_SHARDS",
@@ -130,6 +132,7 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
+INSERT_JOBS_FUNCTION = "jobs_engine_insert_jobs"  # migration 0012
 # Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
 STATS_SHARDS = 64
 _SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
@@ -223,13 +226,15 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     transaction. On PostgreSQL the statement also queues a NOTIFY per lane, delivered when
     the caller's transaction commits (``notify_returning``). A new row of a key whose head
     waits for a retry starts at the head's run time: it is held until then anyway, and
-    keeping held rows out of the due range keeps the fast poll's cost flat (rows without a
-    key skip that lookup: a statement the database plans in a third of the time).
+    keeping held rows out of the due range keeps the fast poll's cost flat. Rows without a
+    key skip that lookup, and on PostgreSQL go through the function
+    ``jobs_engine_insert_jobs`` (migration 0012), whose plan the session keeps.
     """
     if not rows:
         return {}
-    if len(rows) == 1 and rows[0].key is None:
-        return _job_insert_one(rows[0], now, using)
+    keyed = any(row.key is not None for row in rows)
+    if not keyed and is_postgres(using):
+        return _jobs_insert_by_function(rows, using)
     source, params = table(
         [(row.code, row.target, row.lane, row.key, row.partition, row.version,
           row.payload_json, json_param(row.headers) if row.headers else "{}",
@@ -238,7 +243,6 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
          for row in rows],
         _INSERT_TYPES, using=using, arrays_from=1, as_json=True)  # one text for every size
     stamp_params = clock_params(now, using)
-    keyed = any(row.key is not None for row in rows)
     # The head's lookup is planned at each call: a plan kept from a near-empty table would
     # scan it whole for every keyed row once it has grown.
     return {row[1]: row[0] for row in fetch_insert(
@@ -268,31 +272,23 @@ def _insert_many_sql(using: str | None, keyed: bool) -> str:
         + notify_returning(NOTIFY_CHANNEL, using))
 
 
-def _job_insert_one(row: NewJob, now: datetime, using: str | None) -> dict[str, int]:
-    """``jobs_insert_many`` of one row without a key (a task, a report): a plain insert,
-    which the database plans in a fraction of the time of the many-row statement."""
-    stamp_params = clock_params(now, using)
-    params = [row.code, row.target, row.lane, row.partition, row.version, row.payload_json,
-              json_param(row.headers), row.dedupe_key, row.delivery_mode, dt(row.run_at, using),
-              *stamp_params, row.trace_id,
-              json_param(row.actor) if row.actor is not None else None, row.priority,
-              *stamp_params, *stamp_params]
+def _function_row(row: NewJob) -> tuple[Any, ...]:
+    """A row as ``jobs_engine_insert_jobs`` reads it (``rows->n``): its order is the
+    function's, in migration 0012."""
+    return (row.code, row.target, row.lane, row.partition, row.version, row.payload_json,
+            json_param(row.headers) if row.headers else "{}", row.dedupe_key,
+            row.delivery_mode, row.run_at, row.trace_id,
+            json_param(row.actor) if row.actor is not None else None, row.priority)
+
+
+def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None) -> dict[str, int]:
+    """``jobs_insert_many`` of rows without a key on PostgreSQL: one call of the function,
+    the rows one JSON text. Its statement is planned once per session, prepared or not: the
+    server parsed and planned the insert at each call, a fifth of a one-row enqueue's time
+    (E1 1,972 -> 2,379 jobs/s on raw psycopg, E100 +4-9%)."""
     return {found[1]: found[0] for found in fetch_insert(
-        _insert_one_sql(using), params, using, plan_may_be_kept=True)}
-
-
-@lru_cache(maxsize=8)
-def _insert_one_sql(using: str | None) -> str:
-    """``_job_insert_one``'s statement, made once per database (as ``_insert_many_sql``)."""
-    stamp = clock_text(using)
-    return (
-        f"INSERT INTO {JOBS} (code, target, lane, partition, version, payload, headers, "
-        "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
-        f"priority, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, {jsonb(using=using)}, "
-        f"{jsonb(using=using)}, %s, '{ENQUEUE.target}', %s, 0, COALESCE(%s, {stamp}), '', %s, "
-        f"{jsonb(using=using)}, %s, {stamp}, {stamp}) "
-        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
-        + notify_returning(NOTIFY_CHANNEL, using))
+        f"SELECT job_id, job_dedupe_key FROM {INSERT_JOBS_FUNCTION}(%s::jsonb)",
+        [json_rows([_function_row(row) for row in rows])], using, plan_may_be_kept=True)}
 
 
 def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
