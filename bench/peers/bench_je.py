@@ -15,8 +15,9 @@ latency probes' files) go to PEERS_WORK/je-results, never into the checkout.
 Workers: settings defaults (bench.settings = the project's config.settings plus the bench
 targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WARNING.
 
-  D1batch  the at-least-once drain again with FAST_BATCH 1,000 (default 100): an
-        extra-setting row, beside River's with its own benchmark's settings
+  D1batch  the at-least-once drain again with FAST_BATCH 1,000 (default 100), and the long
+        lane's with LONG_PREFETCH 100 (default 8): extra-setting rows, beside River's with
+        its own benchmark's settings
   Eprepared  E100 and E1 again with Django's prepared statements turned on (DATABASES
         OPTIONS prepare_threshold): an extra-setting row. Django leaves them off by default
         for transaction poolers; then the enqueue's insert is bound on the server but not
@@ -63,6 +64,8 @@ PREPARED = f"{OURS}, Django's prepared statements on"
 # extra-setting row too): a poll's fixed cost, ~3 ms of statements, spread over more rows.
 BIG_BATCH = 1_000
 FAST_BIG_BATCH = f"{FAST_AT_LEAST_ONCE}, FAST_BATCH {BIG_BATCH}"
+DEEP_PREFETCH = 100
+LONG_DEEP_PREFETCH = f"{LONG}, LONG_PREFETCH {DEEP_PREFETCH}"
 PREPARED_SETTING = ("DATABASES OPTIONS prepare_threshold 5 (Django leaves it None, for "
                     "transaction poolers): the enqueue's insert is prepared")
 
@@ -122,14 +125,19 @@ def main(which: list[str]) -> None:
                            drain_s=d["drain_s"], dead=d["dead"], n=n,
                            concurrency=one_worker.format(command))
             elif w == "D1batch":
-                d = harness.drain(o, "run_fast_lane", targets.AT_LEAST_ONCE, o.d1_n, 1,
-                                  "peers-d1-batch", lambda: True,
-                                  env={"JOBS_FAST_BATCH": str(BIG_BATCH)})
-                record(FAST_BIG_BATCH, "D1", d["rate"], family=OURS, defaults=False,
-                       settings=f"JOBS FAST_BATCH {BIG_BATCH} (default 100)",
-                       d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
-                       drain_s=d["drain_s"], dead=d["dead"], n=o.d1_n,
-                       concurrency=one_worker.format("run_fast_lane"))
+                for system, command, target, setting, value, default in (
+                        (FAST_BIG_BATCH, "run_fast_lane", targets.AT_LEAST_ONCE, "FAST_BATCH",
+                         BIG_BATCH, 100),
+                        (LONG_DEEP_PREFETCH, "run_long_lane", targets.LONG, "LONG_PREFETCH",
+                         DEEP_PREFETCH, 8)):
+                    d = harness.drain(o, command, target, o.d1_n, 1,
+                                      f"peers-d1-{setting.lower()}", lambda: True,
+                                      env={f"JOBS_{setting}": str(value)})
+                    record(system, "D1", d["rate"], family=OURS, defaults=False,
+                           settings=f"JOBS {setting} {value} (default {default})",
+                           d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
+                           drain_s=d["drain_s"], dead=d["dead"], n=o.d1_n,
+                           concurrency=one_worker.format(command))
             elif w == "L":
                 for system, lane in ((FAST_AT_MOST_ONCE, "fast"), (LONG, "long")):
                     p50, p99, missing = workloads.latency_run(o, "notify", lane)
