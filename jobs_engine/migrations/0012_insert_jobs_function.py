@@ -1,12 +1,12 @@
 """The enqueue's insert of rows without a key, as a PL/pgSQL function (PostgreSQL only).
 
 Django leaves prepared statements off (transaction poolers), so the server parsed and
-planned the insert at every enqueue, a fifth of a one-row enqueue's time. PL/pgSQL keeps
-the plan of each statement of a function for the session, and a function is a database
-object, not session state, so it needs no prepared statement and works behind any pooler.
-The call's one parameter is the rows as a JSON array of arrays, in the order
-``store.queue._FUNCTION_ROW`` writes them. A later change of these columns replaces the
-function in a migration of its own.
+planned the insert at every enqueue. PL/pgSQL keeps the plan of each statement of a
+function for the session, and a function is a database object, not session state, so it
+needs no prepared statement and works behind any pooler (E1 ~2,060 -> ~2,175 jobs/s, E100
+~30,800 -> ~32,700, at Django's defaults). The call's one parameter is the rows as a JSON
+array of arrays, in the order ``store.queue._function_row`` writes them. A later change of
+these columns replaces the function in a migration of its own.
 """
 
 from django.db import migrations
