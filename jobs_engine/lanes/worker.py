@@ -157,7 +157,7 @@ class Wakeup:
     def poke(self) -> None:
         """Wake the wait. One byte stands for every poke until the wait reads it: a busy
         long lane pokes twice a job, and each write is a system call that lets go of the
-        GIL (7% of a draining worker's Python time)."""
+        GIL (5% of a draining worker's Python time)."""
         if self._poked:
             return
         self._poked = True
