@@ -117,6 +117,8 @@ class FastLane:
         fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy),
                       key=lambda t: t.name)
         limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
+        if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
+            limits = {name: min(n, store.WOKEN_POLL_ROWS) for name, n in limits.items()}
         one_row = [t.name for t in fast if not takes_whole_poll(t)]
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.

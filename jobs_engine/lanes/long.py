@@ -114,7 +114,7 @@ class LongLane:
         clock = DatabaseClock(now, self._monotonic)
         if not woken:
             self._rescue(now)
-        free = self.free_slots()
+        free = min(self.free_slots(), store.WOKEN_POLL_ROWS) if woken else self.free_slots()
         if free <= 0:
             return 0
         token = uuid.uuid4().hex

@@ -112,6 +112,22 @@ def t0(now: datetime) -> datetime:
 # -- batches -----------------------------------------------------------------------------------
 
 
+def test_a_woken_poll_reads_a_few_rows_of_each_target_and_the_next_poll_the_rest(
+        targets: Any, t0: datetime) -> None:
+    """A poll answering a wake-up runs on plans that may predate the rows it finds (made
+    while the table was empty, they walk the whole table once per row read), so it reads
+    at most ``WOKEN_POLL_ROWS`` of each target; the poll after it reads a whole batch."""
+    sent: list[int] = []
+    for name in ("fl.woken-a", "fl.woken-b"):
+        targets(name, batch_handler=lambda jobs: sent.append(len(jobs)) or [None] * len(jobs))
+        enqueue_many([{"target": name, "payload": i, "run_at": t0} for i in range(50)])
+    worker = make_worker("A")
+    woken_rows = store.WOKEN_POLL_ROWS
+    assert worker.run(t0, woken=True) == 2 * woken_rows
+    assert worker.run(t0) == 2 * (50 - woken_rows)
+    assert sent == [woken_rows, woken_rows, 50 - woken_rows, 50 - woken_rows]
+
+
 def test_250_rows_go_out_100_100_50_and_success_deletes(targets: Any, t0: datetime) -> None:
     """A poll reads at most FAST_BATCH rows; every successful send deletes its row."""
     target = targets("fl.bulk")

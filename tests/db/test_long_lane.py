@@ -93,6 +93,22 @@ def test_reserve_takes_at_most_long_batch_under_one_token_and_lease(targets: Any
     assert JobModel.objects.count() == 0
 
 
+def test_a_woken_reserve_takes_a_few_rows_and_the_next_reserve_the_rest(
+        targets: Any, t0: datetime) -> None:
+    """A reserve answering a wake-up runs on plans that may predate the rows it finds, so
+    it takes at most ``WOKEN_POLL_ROWS`` rows, whatever the free slots; the reserve after
+    it fills them."""
+    targets("ll.woken", handler=lambda job: None, lane="long")
+    for _ in range(40):
+        put("ll.woken", t0)
+    lane = long_worker("W", load_settings({"LONG_BATCH": 30, "LONG_PREFETCH": 1},
+                                          environ={}))
+    assert lane.free_slots() == 30
+    assert lane.run_once(t0, woken=True) == store.WOKEN_POLL_ROWS
+    assert lane.run_once(t0) == 30
+    assert JobModel.objects.count() == 0
+
+
 def test_short_handlers_get_long_prefetch_rows_per_thread_and_slow_ones_one(
         targets: Any, t0: datetime) -> None:
     """The first poll knows no handler yet: one row per thread. Handlers under
@@ -238,6 +254,47 @@ def test_a_reserve_planned_on_an_empty_queue_reads_the_running_codes_once(
     plan = reserve_plan(reserves)
     assert "Seq Scan on jobs_engine_job j" in plan  # made for no rows, still kept
     assert "NOT (hashed SubPlan" in plan  # one read of the running codes, hashed
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Statistics that describe the table before a burst (analysed empty) make every plan
+    read the burst as a handful of rows, until autovacuum analyses it, a minute later.
+    A worker pass that handed more rows than the planner believes the table holds has it
+    analysed at once (``analyze_when_behind``), and the plans made again for the rows
+    there are; at most once an ``ANALYZE_EVERY_S``, and not for a few rows."""
+    from jobs_engine.store import dialect
+
+    clock = [7000.0]
+    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(dialect, "_analyzed_at", {})
+    monkeypatch.setattr(dialect, "_row_estimates", {})
+    monkeypatch.setattr(dialect, "_busy", False)  # plans made again by the analyse only
+    targets("ll.behind", handler=lambda job: None, lane="long")
+    lane = long_worker("S", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    with statements("WITH locked") as reserves:
+        assert lane.run_once(t0) == 0
+        enqueue_many([{"target": "ll.behind", "run_at": t0} for _ in range(3000)])
+        assert lane.run_once(t0) == 10
+        if connection.vendor != "postgresql":  # no statistics, no plans kept
+            assert not store.analyze_when_behind(store.JOBS, 3000)
+            return
+        assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # made for no rows
+        assert not store.analyze_when_behind(store.JOBS, dialect.BEHIND_FROM_ROWS - 1)
+        assert store.table_row_estimate(store.JOBS) == 0
+        assert store.analyze_when_behind(store.JOBS, 2990)
+        assert (store.table_row_estimate(store.JOBS) or 0) >= 2900
+        assert lane.run_once(t0) == 10
+        plan = reserve_plan(reserves)
+        assert "Seq Scan on jobs_engine_job j" not in plan
+        assert "Index Scan using jobs_long_pending_due" in plan
+    assert not store.analyze_when_behind(store.JOBS, 5000)  # analysed a moment ago
+    clock[0] += dialect.ANALYZE_EVERY_S
+    assert not store.analyze_when_behind(store.JOBS, 2000)  # the planner knows of them
+    assert store.analyze_when_behind(store.JOBS, 5000)
 
 
 def reserve_plan(reserves: list[tuple[str, Any]]) -> str:
