@@ -464,9 +464,12 @@ def kafka_end_offset(bootstrap: str, topic: str) -> int:
     """Records appended to ``topic`` so far (the sum of its partitions' high watermarks).
 
     A broker just started may still be settling its partitions' leaders: a retriable
-    answer (``NOT_LEADER_FOR_PARTITION``) is asked again for up to 30 s.
+    answer, or one that names a leader being settled (``NOT_LEADER_FOR_PARTITION``, which
+    the client does not mark retriable), is asked again for up to 30 s.
     """
-    from confluent_kafka import Consumer, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    settling = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-watermarks",
                          "enable.auto.commit": False})
@@ -479,7 +482,9 @@ def kafka_end_offset(bootstrap: str, topic: str) -> int:
                                                           timeout=15)[1]
                            for p in partitions)
             except KafkaException as exc:
-                if not exc.args[0].retriable() or time.monotonic() > deadline:
+                error = exc.args[0]
+                if not (error.retriable() or error.code() in settling) \
+                        or time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
     finally:

@@ -316,7 +316,7 @@ class WorkerProcess:
             # wake-up's path: the poll that handed them has run).
             store.queue_busy(bool(handled_total))
             self._survive("statistics", functools.partial(
-                store.analyze_when_behind, store.JOBS, handled_total), False)
+                store.jobs_analyze_when_behind, handled_total), False)
             idle = 0 if handled_total else idle + 1
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)

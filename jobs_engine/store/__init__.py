@@ -10,7 +10,6 @@ Callers write ``store.<function>``; the lanes, leases and outcome code never wri
 
 from jobs_engine.store.dialect import (
     WOKEN_POLL_ROWS,
-    analyze_when_behind,
     db_now,
     is_postgres,
     poll_woken,
@@ -25,6 +24,5 @@ from jobs_engine.store.operators import __all__ as _operators
 from jobs_engine.store.queue import *  # noqa: F403
 from jobs_engine.store.queue import __all__ as _queue
 
-__all__ = ["WOKEN_POLL_ROWS", "analyze_when_behind", "db_now", "is_postgres", "poll_woken",
-           "queue_busy", "table_row_estimate", "writable_ctes", *_queue, *_leases,
-           *_operators]
+__all__ = ["WOKEN_POLL_ROWS", "db_now", "is_postgres", "poll_woken", "queue_busy",
+           "table_row_estimate", "writable_ctes", *_queue, *_leases, *_operators]

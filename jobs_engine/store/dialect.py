@@ -376,50 +376,14 @@ def session_shard(shards: int, using: str | None = None) -> int:
 _row_estimates: dict[str, tuple[float, int | None]] = {}  # table -> (read at, rows)
 
 
-def planned_rows(table_name: str) -> int | None:
+def planned_rows(table_name: str, *, fresh: bool = False) -> int | None:
     """``table_row_estimate``, read again at most once a ``REPLAN_S``: the size the plans a
-    worker session makes (as often) are made for."""
+    worker session makes (as often) are made for. ``fresh``: read now."""
     now = _monotonic()
     seen = _row_estimates.get(table_name)
-    if seen is None or (not _woken and not 0 <= now - seen[0] < REPLAN_S):
+    if fresh or seen is None or (not _woken and not 0 <= now - seen[0] < REPLAN_S):
         seen = _row_estimates[table_name] = (now, table_row_estimate(table_name))
     return seen[1]
-
-
-# A pass of the worker that handed this many rows, more than the planner believes the
-# table holds, has the table analysed (``analyze_when_behind``), at most once a
-# ``ANALYZE_EVERY_S`` per process.
-BEHIND_FROM_ROWS = 100
-ANALYZE_EVERY_S = 10.0
-_analyzed_at: dict[str, float] = {}  # table -> when this process last analysed it
-
-
-def analyze_when_behind(table_name: str, rows: int) -> bool:
-    """Analyse ``table_name`` when this process's worker just handed ``rows`` rows of it,
-    at least ``BEHIND_FROM_ROWS`` and more than the planner believes it holds; whether
-    it did.
-
-    The statistics then still describe the table before a burst (a drained queue,
-    analysed empty), and every plan made from them reads the burst as if it were a
-    handful of rows: wrong indexes, a walk of a key's versions for each row read. A
-    drain that followed took seconds of polls of 20-180 ms instead of ~5 ms, until
-    autovacuum's own analyse came (its naptime is a minute). Analysing makes every
-    session's plans again, for the rows there are. ``SKIP_LOCKED``: another worker's
-    analyse, or autovacuum's, is as good and is not waited for; a role that does not own
-    the table gets a warning from PostgreSQL and nothing changes.
-    """
-    if rows < BEHIND_FROM_ROWS or not is_postgres():
-        return False
-    if (planned_rows(table_name) or 0) >= rows:
-        return False
-    now = _monotonic()
-    last = _analyzed_at.get(table_name)
-    if last is not None and 0 <= now - last < ANALYZE_EVERY_S:
-        return False
-    _analyzed_at[table_name] = now
-    execute(f"ANALYZE (SKIP_LOCKED) {table_name}")
-    _row_estimates.pop(table_name, None)
-    return True
 
 
 def table_row_estimate(table_name: str) -> int | None:

@@ -262,13 +262,14 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
     """Statistics that describe the table before a burst (analysed empty) make every plan
     read the burst as a handful of rows, until autovacuum analyses it, a minute later.
     A worker pass that handed more rows than the planner believes the table holds has it
-    analysed at once (``analyze_when_behind``), and the plans made again for the rows
-    there are; at most once an ``ANALYZE_EVERY_S``, and not for a few rows."""
-    from jobs_engine.store import dialect
+    analysed at once (``jobs_analyze_when_behind``), and the plans made again for the
+    rows there are; at most once an ``ANALYZE_EVERY_S``, and not for a few rows."""
+    from jobs_engine.store import dialect, queue
 
     clock = [7000.0]
     monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(dialect, "_analyzed_at", {})
+    monkeypatch.setattr(queue, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(queue, "_analyzed_at", None)
     monkeypatch.setattr(dialect, "_row_estimates", {})
     monkeypatch.setattr(dialect, "_busy", False)  # plans made again by the analyse only
     targets("ll.behind", handler=lambda job: None, lane="long")
@@ -280,21 +281,21 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
         enqueue_many([{"target": "ll.behind", "run_at": t0} for _ in range(3000)])
         assert lane.run_once(t0) == 10
         if connection.vendor != "postgresql":  # no statistics, no plans kept
-            assert not store.analyze_when_behind(store.JOBS, 3000)
+            assert not store.jobs_analyze_when_behind(3000)
             return
         assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # made for no rows
-        assert not store.analyze_when_behind(store.JOBS, dialect.BEHIND_FROM_ROWS - 1)
+        assert not store.jobs_analyze_when_behind(queue.BEHIND_FROM_ROWS - 1)
         assert store.table_row_estimate(store.JOBS) == 0
-        assert store.analyze_when_behind(store.JOBS, 2990)
+        assert store.jobs_analyze_when_behind(2990)
         assert (store.table_row_estimate(store.JOBS) or 0) >= 2900
         assert lane.run_once(t0) == 10
         plan = reserve_plan(reserves)
         assert "Seq Scan on jobs_engine_job j" not in plan
         assert "Index Scan using jobs_long_pending_due" in plan
-    assert not store.analyze_when_behind(store.JOBS, 5000)  # analysed a moment ago
-    clock[0] += dialect.ANALYZE_EVERY_S
-    assert not store.analyze_when_behind(store.JOBS, 2000)  # the planner knows of them
-    assert store.analyze_when_behind(store.JOBS, 5000)
+    assert not store.jobs_analyze_when_behind(5000)  # analysed a moment ago
+    clock[0] += queue.ANALYZE_EVERY_S
+    assert not store.jobs_analyze_when_behind(2000)  # the planner knows of them
+    assert store.jobs_analyze_when_behind(5000)
 
 
 def reserve_plan(reserves: list[tuple[str, Any]]) -> str:

@@ -161,8 +161,8 @@ def test_a_worker_woken_again_and_again_keeps_house_every_other_poll(
 
 def test_a_pass_that_handed_rows_asks_whether_the_statistics_know_of_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """After each pass the worker hands the rows it handed to ``analyze_when_behind``, which
-    analyses the table when the planner believes it holds fewer."""
+    """After each pass the worker hands the rows it handed to ``jobs_analyze_when_behind``,
+    which analyses the table when the planner believes it holds fewer."""
     monkeypatch.setattr(dialect, "_woken", False)  # restored after the test
     monkeypatch.setattr(dialect, "_busy", False)
     worker = WorkerProcess({"long"}, load_settings({}, environ={}))
@@ -170,8 +170,8 @@ def test_a_pass_that_handed_rows_asks_whether_the_statistics_know_of_them(
     worker._heartbeat_ok_until = float("inf")
     handed = iter([150, 0])
     monkeypatch.setattr(worker.long, "run_once", lambda *, woken: next(handed))
-    asked: list[tuple[str, int]] = []
-    monkeypatch.setattr(store, "analyze_when_behind",
-                        lambda table, rows: asked.append((table, rows)) or False)
+    asked: list[int] = []
+    monkeypatch.setattr(store, "jobs_analyze_when_behind",
+                        lambda rows: asked.append(rows) or False)
     worker._loop()
-    assert asked == [(store.JOBS, 150), (store.JOBS, 0)]
+    assert asked == [150, 0]
