@@ -315,8 +315,9 @@ class WorkerProcess:
             # Rows handed: the plans made while there were none are made again (off the
             # wake-up's path: the poll that handed them has run).
             store.queue_busy(bool(handled_total))
-            self._survive("statistics", functools.partial(
-                store.jobs_analyze_when_behind, handled_total), False)
+            if handled_total:  # a step that ran no statement must not end an outage
+                self._survive("statistics", functools.partial(
+                    store.jobs_analyze_when_behind, handled_total), False)
             idle = 0 if handled_total else idle + 1
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)
