@@ -114,7 +114,9 @@ class LongLane:
         clock = DatabaseClock(now, self._monotonic)
         if not woken:
             self._rescue(now)
-        free = min(self.free_slots(), store.WOKEN_POLL_ROWS) if woken else self.free_slots()
+        free = self.free_slots()
+        if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
+            free = min(free, store.WOKEN_POLL_ROWS)
         if free <= 0:
             return 0
         token = uuid.uuid4().hex
