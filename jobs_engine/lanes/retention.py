@@ -31,6 +31,7 @@ from django.db import transaction
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
+from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.registry import all_targets, policy_for
 from jobs_engine.signals import announce_dead
 
@@ -61,15 +62,18 @@ class RetentionService:
         self._due = monotonic()  # the first beat prunes: a restarted worker catches up
 
     def maybe_run(self, now: datetime | None = None) -> RetentionCounts | None:
-        """A pass when due; None when not. Never raises: a failed pass is logged and tried
-        again at the next due time."""
+        """A pass when due; None when not. A failed pass is logged in full and tried again
+        at the next due time; a database fault is raised, for the worker to ride out as an
+        outage (logged once, without a traceback: a connection cut mid-pass is no bug)."""
         clock = self._monotonic()
         if clock < self._due:
             return None
         self._due = clock + self.settings.RETENTION_S
         try:
             return self.run_once(now or store.db_now())
-        except Exception:
+        except Exception as exc:
+            if is_database_fault(exc):
+                raise
             logger.exception("retention pass failed")
             return RetentionCounts()
 

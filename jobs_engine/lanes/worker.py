@@ -363,7 +363,7 @@ class WorkerProcess:
         interval = min(self.settings.PARTITION_HEARTBEAT_S, self.settings.LONG_HEARTBEAT_S)
         while not self._stop_beats.wait(interval):
             if self._survive("heartbeat", self._beat, None).ok:
-                self.retention.maybe_run()
+                self._survive("retention", self.retention.maybe_run, None)
         close_quietly()
 
     def _shutdown(self, beat: threading.Thread) -> None:

@@ -23,7 +23,7 @@ from jobs_engine.job import Job as HandlerJob
 from jobs_engine.lanes import outcomes
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.lanes.retention import RetentionService
+from jobs_engine.lanes.retention import RetentionCounts, RetentionService
 from jobs_engine.lanes.worker import WorkerProcess
 from jobs_engine.models import Job, JobStat, JobStatShard
 from jobs_engine.operators import metrics
@@ -330,3 +330,30 @@ def test_metrics_without_the_extra_say_how_to_install_it(settings: Any,
 
     assert response.status_code == 501
     assert "pip install 'jobs-engine[metrics]'" in response.content.decode()
+
+
+def test_a_retention_pass_cut_off_by_the_database_is_an_outage_not_a_bug(
+        targets: Any, now: datetime, jobs_settings: Any, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A connection cut mid-pass raises, for the worker to ride out as an outage (logged
+    once, no traceback); any other failure is logged in full and the pass tried again at
+    the next due time."""
+    from django.db import OperationalError
+
+    from jobs_engine.lanes import retention as retention_module
+
+    clock = FakeMonotonic()
+    retention = RetentionService(jobs_settings(RETENTION_S=60), monotonic=clock)
+    faults: list[Exception] = [OperationalError("server closed the connection"),
+                               ValueError("a bug")]
+
+    def failing() -> list[str]:
+        raise faults.pop(0)
+
+    monkeypatch.setattr(retention_module.store, "done_targets", failing)
+    with pytest.raises(OperationalError):
+        retention.maybe_run(now)
+    assert "retention pass failed" not in caplog.text
+    clock.advance(60)
+    assert retention.maybe_run(now) == RetentionCounts()
+    assert "retention pass failed" in caplog.text
