@@ -207,8 +207,7 @@ def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
     monkeypatch.setattr(dialect, "_woken", False)  # restored after the test
     targets("ll.replan", handler=lambda job: None, lane="long")
     lane = long_worker("R", load_settings({"LONG_PREFETCH": 1}, environ={}))
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    analyse_empty_queue()
     with statements("WITH locked") as reserves:
         assert lane.run_once(t0) == 0
     enqueue_many([{"target": "ll.replan", "run_at": t0} for _ in range(3000)])
@@ -241,8 +240,7 @@ def test_a_reserve_planned_on_an_empty_queue_reads_the_running_codes_once(
     targets("ll.plain", handler=lambda job: None, lane="long")
     targets("ll.excl", handler=lambda job: None, lane="long", exclusive=True)
     lane = long_worker("E", load_settings({"LONG_PREFETCH": 1}, environ={}))
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    analyse_empty_queue()
     with statements("WITH locked") as reserves:
         assert lane.run_once(t0) == 0
         enqueue_many([{"target": "ll.plain", "run_at": t0} for _ in range(2000)]
@@ -274,8 +272,7 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
     monkeypatch.setattr(dialect, "_busy", False)  # plans made again by the analyse only
     targets("ll.behind", handler=lambda job: None, lane="long")
     lane = long_worker("S", load_settings({"LONG_PREFETCH": 1}, environ={}))
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    analyse_empty_queue()
     with statements("WITH locked") as reserves:
         assert lane.run_once(t0) == 0
         enqueue_many([{"target": "ll.behind", "run_at": t0} for _ in range(3000)])
@@ -296,6 +293,12 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
     clock[0] += queue.ANALYZE_EVERY_S
     assert not store.jobs_analyze_when_behind(2000)  # the planner knows of them
     assert store.jobs_analyze_when_behind(5000)
+
+
+def analyse_empty_queue() -> None:
+    """The statistics of a drained queue: empty, and known to be."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.JOBS}")
 
 
 def reserve_plan(reserves: list[tuple[str, Any]]) -> str:
@@ -322,8 +325,7 @@ def test_a_backlog_makes_the_plans_made_on_an_idle_queue_again(
     monkeypatch.setattr(dialect, "_busy", False)  # restored after the test
     targets("ll.busy", handler=lambda job: None, lane="long")
     lane = long_worker("B", load_settings({"LONG_PREFETCH": 1}, environ={}))
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
+    analyse_empty_queue()
     with statements("WITH locked") as reserves:
         store.queue_busy(False)
         assert lane.run_once(t0) == 0
