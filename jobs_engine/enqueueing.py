@@ -83,6 +83,7 @@ def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, sto
     target = get_target(name)
     payload_json = _json_text("payload", get("payload"), settings.MAX_PAYLOAD_BYTES)
     key, code, dedupe_key = get("key"), get("code"), get("dedupe_key")
+    dedupe_key_given = dedupe_key is not None
     if key is not None:
         _check_text("key", key, min(settings.MAX_KEY_LENGTH, _COLUMN_KEY_LENGTH))
     if code is not None:
@@ -123,7 +124,7 @@ def _build(item: Mapping[str, Any], settings: JobsSettings) -> tuple[Target, sto
         code or target.name, target.name, target.lane.value, key,
         partition_for(key, dedupe_key, settings.PARTITIONS), version, payload_json, headers,
         dedupe_key, target.delivery_mode.value, current_trace_id(), current_actor(), run_at,
-        priority,
+        priority, dedupe_key_given,
     )
 
 

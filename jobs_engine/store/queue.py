@@ -76,6 +76,7 @@ __all__ = [
     "FLOW_STEPS",
     "FLOW_STEP_KEY_PREFIX",
     "INSERT_JOBS_FUNCTION",
+    "INSERT_NEW_JOBS_FUNCTION",
     "JOBS",
     "JOB_STATS",
     "JOB_STAT_SHARDS",
@@ -135,6 +136,7 @@ FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
 INSERT_JOBS_FUNCTION = "jobs_engine_insert_jobs"  # migration 0012
+INSERT_NEW_JOBS_FUNCTION = "jobs_engine_insert_new_jobs"  # migration 0013: keys all made here
 # Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
 STATS_SHARDS = 64
 _SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
@@ -211,6 +213,8 @@ class NewJob(NamedTuple):
     actor: dict[str, Any] | None
     run_at: datetime | None
     priority: int = 0
+    # False when enqueue made the dedupe key (128 random bits): no stored row can have it.
+    dedupe_key_given: bool = True
 
 
 _INSERT_COLUMNS = ("code", "target", "lane", "key", "partition", "version", "payload", "headers",
@@ -229,14 +233,17 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     the caller's transaction commits (``notify_returning``). A new row of a key whose head
     waits for a retry starts at the head's run time: it is held until then anyway, and
     keeping held rows out of the due range keeps the fast poll's cost flat. Rows without a
-    key skip that lookup, and on PostgreSQL go through the function
-    ``jobs_engine_insert_jobs`` (migration 0012), whose plan the session keeps.
+    key skip that lookup, and on PostgreSQL go through a function (migrations 0012 and
+    0013), whose plan the session keeps. A batch whose dedupe keys were all made by
+    enqueue inserts without ``ON CONFLICT``: random keys conflict with nothing, and the
+    arbiter's check, speculative insert and confirmation were an eighth of the insert.
     """
     if not rows:
         return {}
     keyed = any(row.key is not None for row in rows)
+    arbiter = any(row.dedupe_key_given for row in rows)
     if not keyed and is_postgres(using):
-        return _jobs_insert_by_function(rows, using)
+        return _jobs_insert_by_function(rows, using, arbiter)
     source, params = table(
         [(row.code, row.target, row.lane, row.key, row.partition, row.version,
           row.payload_json, json_param(row.headers) if row.headers else "{}",
@@ -249,12 +256,13 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     # call: a plan kept from a near-empty table would scan it whole for every keyed row
     # once it has grown.
     return {row[1]: row[0] for row in fetch_insert(
-        f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), " + _insert_many_sql(using, keyed),
+        f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
+        + _insert_many_sql(using, keyed, arbiter),
         [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=False)}
 
 
 @lru_cache(maxsize=8)
-def _insert_many_sql(using: str | None, keyed: bool) -> str:
+def _insert_many_sql(using: str | None, keyed: bool, arbiter: bool) -> str:
     """``jobs_insert_many``'s statement after its rows' source, the same at every call of
     a database: made once, only its parameters change between calls."""
     stamp = clock_text(using)
@@ -271,7 +279,7 @@ def _insert_many_sql(using: str | None, keyed: bool) -> str:
         f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
         f"{next_run_at}, '', trace_id, "
         f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
-        "ON CONFLICT (dedupe_key) DO NOTHING RETURNING id, dedupe_key"
+        + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key"
         + notify_returning(NOTIFY_CHANNEL, using))
 
 
@@ -284,12 +292,15 @@ def _function_row(row: NewJob) -> tuple[Any, ...]:
             json_param(row.actor) if row.actor is not None else None, row.priority)
 
 
-def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None) -> dict[str, int]:
-    """``jobs_insert_many`` of rows without a key on PostgreSQL: one call of the function,
-    the rows one JSON text. Its insert is planned once per session, prepared statements or
-    not (migration 0012); the call itself is prepared where the connection allows it."""
+def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter: bool
+                             ) -> dict[str, int]:
+    """``jobs_insert_many`` of rows without a key on PostgreSQL: one call of a function, the
+    rows one JSON text; with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every
+    dedupe key, without. Its insert is planned once per session, prepared statements or
+    not (migrations 0012, 0013); the call itself is prepared where the connection allows it."""
+    function = INSERT_JOBS_FUNCTION if arbiter else INSERT_NEW_JOBS_FUNCTION
     return {found[1]: found[0] for found in fetch_insert(
-        f"SELECT job_id, job_dedupe_key FROM {INSERT_JOBS_FUNCTION}(%s::jsonb)",
+        f"SELECT job_id, job_dedupe_key FROM {function}(%s::jsonb)",
         [json_rows([_function_row(row) for row in rows])], using, plan_may_be_kept=True)}
 
 

@@ -408,8 +408,9 @@ def _prepared_inserts() -> list[str]:
         return []
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s "
-                       "OR statement LIKE %s", [f"%INSERT INTO {Job._meta.db_table}%",
-                                                f"%{store.INSERT_JOBS_FUNCTION}(%"])
+                       "OR statement LIKE %s OR statement LIKE %s",
+                       [f"%INSERT INTO {Job._meta.db_table}%", f"%{store.INSERT_JOBS_FUNCTION}(%",
+                        f"%{store.INSERT_NEW_JOBS_FUNCTION}(%"])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -439,7 +440,7 @@ def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(
         == sorted(f"k{i}" for i in range(20))
     prepared = _prepared_inserts()
     if is_postgres():  # one statement for both: the call of the insert function
-        assert len(prepared) == 1 and store.INSERT_JOBS_FUNCTION in prepared[0], prepared
+        assert len(prepared) == 1 and store.INSERT_NEW_JOBS_FUNCTION in prepared[0], prepared
         assert not any("h.next_run_at" in text for text in prepared), "the head's lookup"
 
 
@@ -511,6 +512,52 @@ def test_a_batch_stores_every_value_as_given(targets: Targets, now: datetime,
     assert (first.lane, first.trace_id, first.actor) == ("fast", "trace-1", {"user": "ä"})
     assert (second.payload, second.lane, second.priority, second.key) == (None, "long", -7, None)
     assert (third.payload, third.headers, third.version) == ([1.5, "x"], {}, 0)
+
+
+@TRANSACTIONAL
+@pytest.mark.parametrize("key", ["k1", None], ids=["keyed", "without-keys"])
+def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
+        targets: Targets, key: str | None) -> None:
+    """A dedupe key that enqueue makes is 128 random bits and can match no stored row, so a
+    batch of only such keys inserts without ``ON CONFLICT`` (on PostgreSQL, without keys,
+    through the function of migration 0013, with the same column order). One key given by
+    the caller brings the arbiter back for its batch: a duplicate still inserts nothing."""
+    targets("t:fast")
+    targets("t:long", lane="long")
+    items = [{"target": "t:fast", "payload": {"i": 1}, "key": key, "version": 3,
+              "headers": {"h": [1]}},
+             {"target": "t:long", "payload": None, "priority": 5}]
+    with job_context("trace-2", {"user": "u"}), CaptureQueriesContext(connection) as made:
+        results = enqueue_many(items)
+    with CaptureQueriesContext(connection) as given:
+        again = enqueue_many([{"target": "t:fast", "payload": 2, "key": key, "dedupe_key": "d"},
+                              {"target": "t:fast", "payload": 3, "key": key}])
+    duplicate = enqueue_many([{"target": "t:fast", "payload": 4, "key": key, "dedupe_key": "d"}])
+
+    def insert_of(captured: CaptureQueriesContext) -> str:
+        texts = [q["sql"] for q in captured.captured_queries
+                 if "INSERT INTO" in q["sql"].upper() or "jobs_engine_insert_" in q["sql"]]
+        assert len(texts) == 1, texts
+        return texts[0]
+
+    by_function = is_postgres() and key is None
+    made_sql, given_sql = insert_of(made), insert_of(given)
+    if by_function:
+        assert store.INSERT_NEW_JOBS_FUNCTION in made_sql, made_sql
+        assert store.INSERT_JOBS_FUNCTION in given_sql, given_sql
+    else:
+        assert "ON CONFLICT" not in made_sql.upper(), made_sql
+        assert "ON CONFLICT" in given_sql.upper(), given_sql
+    assert [r.inserted for r in results] == [True, True]
+    assert [r.inserted for r in again] == [True, True]
+    assert (duplicate[0].inserted, duplicate[0].job_id) == (False, again[0].job_id)
+    fast_row, long_row = (Job.objects.get(id=r.job_id) for r in results)
+    assert (fast_row.payload, fast_row.key, fast_row.version, fast_row.headers) == (
+        {"i": 1}, key, 3, {"h": [1]})
+    assert (fast_row.trace_id, fast_row.actor, fast_row.lane) == ("trace-2", {"user": "u"}, "fast")
+    assert (long_row.payload, long_row.lane, long_row.priority) == (None, "long", 5)
+    assert re.fullmatch("[0-9a-f]{32}", fast_row.dedupe_key), fast_row.dedupe_key
+    assert Job.objects.filter(dedupe_key="d").count() == 1 and count_jobs() == 4
 
 
 # -- next_version ---------------------------------------------------------------------------------
