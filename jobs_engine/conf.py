@@ -21,6 +21,10 @@ from jobs_engine.errors import InvalidSettings
 class JobsSettings:
     PARTITIONS: int = 64
     FAST_BATCH: int = 100
+    # Rows of an at-most-once per-row target the fast lane marks in flight with one commit,
+    # then hands one by one. 1: a commit per row, and a crash presumes only the row in hand
+    # DEAD; N: a commit per N rows, and a crash may presume up to N-1 rows never handed DEAD.
+    FAST_MARK_ROWS: int = 1
     LONG_BATCH: int = 10
     # Rows per long-lane thread a worker reserves while its handlers are short (under
     # 10 ms on average): one statement then starts and ends more of them. 1: one per thread.
@@ -74,9 +78,10 @@ class JobsSettings:
         if found:
             return found
         positive = (
-            "PARTITIONS", "FAST_BATCH", "LONG_BATCH", "LONG_PREFETCH", "POLL_S", "RETENTION_S",
-            "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S", "LONG_HEARTBEAT_S",
-            "PROBE_S", "TICK_S", "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH", "MAX_CODE_LENGTH",
+            "PARTITIONS", "FAST_BATCH", "FAST_MARK_ROWS", "LONG_BATCH", "LONG_PREFETCH", "POLL_S",
+            "RETENTION_S", "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S",
+            "LONG_HEARTBEAT_S", "PROBE_S", "TICK_S", "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH",
+            "MAX_CODE_LENGTH",
         )
         for name in positive:
             if not getattr(self, name) > 0:

@@ -15,9 +15,10 @@ latency probes' files) go to PEERS_WORK/je-results, never into the checkout.
 Workers: settings defaults (bench.settings = the project's config.settings plus the bench
 targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WARNING.
 
-  D1batch  the at-least-once drain again with FAST_BATCH 1,000 (default 100), and the long
-        lane's with LONG_PREFETCH 100 (default 8): extra-setting rows, beside River's with
-        its own benchmark's settings
+  D1batch  the at-least-once drain again with FAST_BATCH 1,000 (default 100), the
+        at-most-once one with FAST_MARK_ROWS 10 (default 1: a commit per row), and the
+        long lane's with LONG_PREFETCH 100 (default 8): extra-setting rows, beside River's
+        with its own benchmark's settings
   Eprepared  E100 and E1 again with Django's prepared statements turned on (DATABASES
         OPTIONS prepare_threshold): an extra-setting row. Django leaves them off by default
         for transaction poolers; then the enqueue's insert is bound on the server but not
@@ -64,6 +65,11 @@ PREPARED = f"{OURS}, Django's prepared statements on"
 # extra-setting row too): a poll's fixed cost, ~3 ms of statements, spread over more rows.
 BIG_BATCH = 1_000
 FAST_BIG_BATCH = f"{FAST_AT_LEAST_ONCE}, FAST_BATCH {BIG_BATCH}"
+# At-most-once rows marked in flight per commit: PgQueuer's default batch, which it marks
+# picked with one statement before running them. A crash may then presume up to this many
+# rows DEAD, as PgQueuer leaves its picked ones, not only the one in hand.
+MARK_ROWS = 10
+FAST_MARK_ROWS = f"{FAST_AT_MOST_ONCE}, FAST_MARK_ROWS {MARK_ROWS}"
 DEEP_PREFETCH = 100
 LONG_DEEP_PREFETCH = f"{LONG}, LONG_PREFETCH {DEEP_PREFETCH}"
 PREPARED_SETTING = ("DATABASES OPTIONS prepare_threshold 5 (Django leaves it None, for "
@@ -128,6 +134,8 @@ def main(which: list[str]) -> None:
                 for system, command, target, setting, value, default in (
                         (FAST_BIG_BATCH, "run_fast_lane", targets.AT_LEAST_ONCE, "FAST_BATCH",
                          BIG_BATCH, 100),
+                        (FAST_MARK_ROWS, "run_fast_lane", targets.AT_MOST_ONCE,
+                         "FAST_MARK_ROWS", MARK_ROWS, 1),
                         (LONG_DEEP_PREFETCH, "run_long_lane", targets.LONG, "LONG_PREFETCH",
                          DEEP_PREFETCH, 8)):
                     d = harness.drain(o, command, target, o.d1_n, 1,

@@ -4,16 +4,18 @@ One ``run_once`` reads up to ``FAST_BATCH`` due rows (each the head of its key) 
 them to their targets in *sends*. Before a send its rows join their partitions' in-flight
 marks, under the lease guard and under one token for the whole poll; outcomes are written
 after the poll's sends, together with the clearing of the marks, so a crash at any point
-leaves every handed row judged by its delivery mode on takeover, and every row not handed
-still PENDING.
+leaves every marked row judged by its delivery mode on takeover, and every other row still
+PENDING.
 
-A send is one row, except for targets with a batch handler and at-least-once targets
-(for which judging a not-yet-handed row "in flight" is harmless: it is sent again): those
-get all their rows of the poll in one send. So a poll costs a handful of statements, not a
-few per row, which is the route to speed. The read marks the rows of the poll's first send
-itself (``store.jobs_fast_poll``), and that send goes first: the busiest case, one batch
-target such as a Kafka topic, needs no mark statement of its own, and neither does an idle
-worker woken for one at-most-once row.
+A send of an at-most-once target with a per-row handler is one row, or up to
+``FAST_MARK_ROWS`` rows marked with one commit and handed one by one (a crash then judges
+the rows marked with the one in hand as handed: at most once means possibly never).
+Targets with a batch handler and at-least-once targets (for which judging a not-yet-handed
+row "in flight" is harmless: it is sent again) get all their rows of the poll in one send.
+So a poll costs a handful of statements, not a few per row, which is the route to speed.
+The read marks the rows of the poll's first send itself (``store.jobs_fast_poll``), and
+that send goes first: the busiest case, one batch target such as a Kafka topic, needs no
+mark statement of its own, and neither does an idle worker woken for one at-most-once row.
 
 A database fault does not lose what was sent: the poll's results wait (``Unwritten``) and
 are written before anything else is polled (docs/design.md#database-outages).
@@ -55,15 +57,18 @@ def takes_whole_poll(target: Target | None) -> bool:
                                    or target.delivery_mode is DeliveryMode.AT_LEAST_ONCE)
 
 
-def sends_of(jobs: Sequence[Job], targets: dict[str, Target | None]) -> list[list[Job]]:
-    """Split a poll's jobs into sends, target by target in name order."""
+def sends_of(jobs: Sequence[Job], targets: dict[str, Target | None], rows_per_send: int = 1
+             ) -> list[list[Job]]:
+    """Split a poll's jobs into sends, target by target in name order: a target that takes
+    the whole poll in one send, any other in sends of ``rows_per_send`` rows."""
     sends: list[list[Job]] = []
     for name, group in groupby(sorted(jobs, key=lambda j: j.target), key=lambda j: j.target):
         group_jobs = list(group)
         if takes_whole_poll(targets[name]):
             sends.append(group_jobs)
         else:
-            sends += [[job] for job in group_jobs]
+            sends += [group_jobs[i:i + rows_per_send]
+                      for i in range(0, len(group_jobs), rows_per_send)]
     return sends
 
 
@@ -119,13 +124,14 @@ class FastLane:
         limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
         if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
             limits = {name: min(n, store.WOKEN_POLL_ROWS) for name, n in limits.items()}
-        one_row = [t.name for t in fast if not takes_whole_poll(t)]
+        per_row = [t.name for t in fast if not takes_whole_poll(t)]
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.
         poll_out = Unwritten(uuid.uuid4().hex)
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
-                                        token=poll_out.token, one_row=one_row)
+                                        token=poll_out.token, per_row=per_row,
+                                        per_row_send=self.settings.FAST_MARK_ROWS)
             walk = self._backlog_heads(held, now, limits, poll.jobs, defer=woken)
             jobs, _, poll_out.probes = self.pauses.probe_rows(
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
@@ -225,7 +231,7 @@ class FastLane:
                 targets[name] = None
         token = poll_out.token
         inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
-        sends = sends_of(jobs, targets)
+        sends = sends_of(jobs, targets, self.settings.FAST_MARK_ROWS)
         if poll.marked_target is not None:  # its first send was marked by the read: first
             marked = next(i for i, send in enumerate(sends)
                           if send[0].target == poll.marked_target)
@@ -311,6 +317,8 @@ class FastLane:
         else:
             handed, answers, verdicts = [], [], []
             for job in send:
+                if handed and self.should_stop():
+                    break  # rows marked with it and not handed go back to PENDING at the write
                 if not trusted(job.partition):
                     continue
                 handed.append(job)

@@ -534,13 +534,14 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
 
 def jobs_fast_poll(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
-    token: str, one_row: Collection[str] = (),
+    token: str, per_row: Collection[str] = (), per_row_send: int = 1,
 ) -> FastPoll:
     """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
     read itself.
 
     The first send is of the first target in name order: all its rows, or for a target in
-    ``one_row`` (a per-row handler) its first row in poll order. They are marked unless
+    ``per_row`` (an at-most-once per-row handler) its first ``per_row_send`` rows in poll
+    order. They are marked unless
     that target's pause ran out (its probe row may be given back), and the lane hands
     them before any other send. Marks are those of ``partitions_mark_inflight_if_leased``
     (poll token, live lease of ``owner``); a partition whose lease is gone is not marked.
@@ -557,8 +558,8 @@ def jobs_fast_poll(
         if first is None or first in due.probing:
             return due
         send = [job for job in due.jobs if job.target == first]
-        if first in one_row:
-            send = send[:1]
+        if first in per_row:
+            send = send[:per_row_send]
         wanted: dict[int, list[int]] = {}
         for job in send:
             wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
@@ -568,16 +569,16 @@ def jobs_fast_poll(
         return FastPoll(due.jobs, due.probing, first,
                         {p: ids for p, ids in wanted.items() if p in marked})
     union, params = _fast_heads_sql(partitions, now, limits)
-    single, single_params = in_("target", list(one_row))
-    first_row = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
-                 "ORDER BY next_run_at, id LIMIT 1)")
+    single, single_params = in_("target", list(per_row))
+    first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
+                  "ORDER BY next_run_at, id LIMIT %s)")
     # The marks as one object {partition: ids}, made once: the update reads the owner's
     # partitions once, where a join of one row per partition compared every pair (64 by 64).
     fetched = fetch(
         f"WITH due AS MATERIALIZED ({union}), "
         "first_send AS MATERIALIZED (SELECT partition, id FROM due "
         "WHERE target = (SELECT min(target) FROM due) AND NOT probe "
-        f"AND (NOT ({single}) OR id = {first_row})), "
+        f"AND (NOT ({single}) OR id IN {first_rows})), "
         "marks AS MATERIALIZED (SELECT jsonb_object_agg(partition, ids) AS marks "
         "FROM (SELECT partition, jsonb_agg(id) AS ids FROM first_send "
         "GROUP BY partition) AS by_partition), "
@@ -586,7 +587,7 @@ def jobs_fast_poll(
         "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
         f"SELECT {_COLUMNS}, probe, id IN (SELECT id FROM first_send) "
         "AND partition IN (SELECT partition FROM marked) FROM due ORDER BY next_run_at, id",
-        [*params, *single_params, token, owner, dt(now)], prepare=True,
+        [*params, *single_params, per_row_send, token, owner, dt(now)], prepare=True,
     )
     read = _read_fast(fetched, probe_at=-2)
     marks: dict[int, list[int]] = {}

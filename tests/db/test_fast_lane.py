@@ -680,6 +680,82 @@ def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: date
     assert not JobModel.objects.filter(id__in=ids).exists()
 
 
+def test_fast_mark_rows_marks_a_per_row_targets_rows_that_many_at_a_time(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """``FAST_MARK_ROWS`` 3: the read marks the first three rows of an at-most-once per-row
+    target, one statement marks the next three, another the last; each row is still
+    handed alone, in key order, once."""
+    seen: list[tuple[int | None, list[str]]] = []
+    start = len(connection.queries_log)
+
+    def handler(job: Job) -> None:
+        seen.append((job.id, [q["sql"] for q in list(connection.queries_log)[start:]]))
+
+    targets("fl.per-row", handler=handler)
+    ids = [put("fl.per-row", t0 + i * SECOND / 10, key=key)
+           for i, key in enumerate(keys_in({11, 12}, 7, "mark-rows"))]
+    worker = make_worker("A", jobs_settings(FAST_MARK_ROWS=3))
+    with CaptureQueriesContext(connection):
+        start = len(connection.queries_log)
+        assert worker.run(t0 + SECOND) == 7
+    assert [job_id for job_id, _ in seen] == ids
+    marks = [[sql for sql in statements if "SET inflight_ids" in sql
+              and "inflight_token = NULL" not in sql] for _, statements in seen]
+    assert [len(m) for m in marks] == [1, 1, 1, 2, 2, 2, 3]
+    assert not JobModel.objects.filter(id__in=ids).exists()
+
+
+def test_a_crash_presumes_the_rows_marked_with_the_row_in_hand_dead_never_sent_twice(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """``FAST_MARK_ROWS`` 3, A dies handing the second row: the three rows marked together
+    go DEAD on takeover, the third never handed (at most once: possibly never); the fourth,
+    not marked, stays PENDING and B sends it. No row is handed twice."""
+    calls: list[Job] = []
+
+    def handler(job: Job) -> None:
+        calls.append(job)
+        if len(calls) == 2:
+            raise Crash
+
+    targets("fl.crash", handler=handler)
+    ids = [put("fl.crash", t0 + i * SECOND / 10, key=key)
+           for i, key in enumerate(keys_in({21}, 4, "mark-crash"))]
+    settings = jobs_settings(FAST_MARK_ROWS=3)
+    with pytest.raises(Crash):
+        make_worker("A", settings).run(t0 + SECOND)
+    assert sorted(Partition.objects.get(partition=21).inflight_ids) == sorted(ids[:3])
+    later = t0 + 31 * SECOND
+    b = make_worker("B", settings)
+    b.leases.heartbeat(later)
+    assert [row(i).status for i in ids] == [JobStatus.DEAD] * 3 + [JobStatus.PENDING]
+    assert {row(i).last_error for i in ids[:3]} == {"in flight when its partition was taken over"}
+    assert b.lane.run_once(later) == 1
+    assert [job.id for job in calls] == [ids[0], ids[1], ids[3]]
+    assert not JobModel.objects.filter(status=JobStatus.PENDING).exists()
+
+
+def test_a_stop_request_ends_a_marked_group_between_rows(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """SIGTERM during the first row of three marked together: the other two are not
+    handed, and the write clears their marks, so they stay PENDING and no takeover judges
+    them."""
+    stop = threading.Event()
+    sent: list[int | None] = []
+
+    def handler(job: Job) -> None:
+        sent.append(job.id)
+        stop.set()
+
+    targets("fl.stop", handler=handler)
+    ids = [put("fl.stop", t0, payload=n) for n in range(3)]
+    worker = make_worker("A", jobs_settings(FAST_MARK_ROWS=3))
+    worker.lane.should_stop = stop.is_set
+    assert worker.run(t0) == 1
+    assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(set(ids) - set(sent))
+    assert JobModel.objects.filter(status=JobStatus.PENDING).count() == 2
+    assert all(p.inflight_token is None for p in Partition.objects.all())
+
+
 def test_the_send_the_read_marked_goes_first(targets: Any, t0: datetime,
                                              jobs_settings: Any) -> None:
     """A head found by the walk of a whole backlog may be of a target earlier in name

@@ -258,6 +258,34 @@ def test_sigkill_mid_send_takeover_judges_in_flight_rows_by_delivery_mode(
     assert_sent_only_by_owner(cluster)
 
 
+def test_sigkill_with_rows_marked_together_presumes_them_dead_and_sends_none_twice(
+        cluster: WorkerCluster) -> None:
+    """``FAST_MARK_ROWS`` 3: the victim marks three at-most-once rows with one commit and
+    is killed handing the second. On takeover the three go DEAD, the third never handed
+    (at most once: possibly never); the rows after them, never marked, are sent once by
+    the next worker."""
+    victim = cluster.start("run_fast_lane", JOBS_FAST_MARK_ROWS="3")
+    settled = wait_settled([victim])
+    ids = enqueue_items(rows_in(min(settled), FAST_AT_MOST_ONCE, 5, "mark3", sleep=1.0))
+    wait_until(lambda: starts(victim.records(), ids[1]), 15,
+               "the victim to start the second row")
+    victim.send(signal.SIGKILL)
+    victim.wait_exit(5)
+    assert set(Partition.objects.get(partition=min(settled)).inflight_ids) == set(ids[:3])
+
+    successor = cluster.start("run_fast_lane", JOBS_FAST_MARK_ROWS="3")
+    wait_until(lambda: pending_count() == 0, LEASE_S + HEARTBEAT_S + 20,
+               "every row to be sent or closed")
+    records = cluster.records()
+    dead = Job.objects.filter(status=JobStatus.DEAD)
+    assert sorted(dead.values_list("id", flat=True)) == sorted(ids[:3])
+    assert set(dead.values_list("last_error", flat=True)) == {TAKEOVER_REASON}
+    assert [len(starts(records, job_id)) for job_id in ids] == [1, 1, 0, 1, 1]
+    assert {r.pid for job_id in ids[3:] for r in starts(records, job_id)} == {successor.pid}
+    assert all(ends(records, job_id) for job_id in ids[3:])
+    assert_sent_only_by_owner(cluster)
+
+
 # -- 3. SIGSTOP past the lease ---------------------------------------------------------------
 
 

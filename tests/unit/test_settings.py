@@ -44,6 +44,7 @@ def run_check(settings: Any, jobs: dict[str, Any]) -> list[checks.CheckMessage]:
 def test_defaults_match_the_spec() -> None:
     s = load_settings({}, environ={})
     assert (s.PARTITIONS, s.FAST_BATCH, s.LONG_BATCH) == (64, 100, 10)
+    assert (s.FAST_MARK_ROWS, s.LONG_PREFETCH) == (1, 8)
     assert (s.RETENTION_S, s.UNHANDLED_GRACE_S) == (60, 900)
     assert s.IDLE_POLL_S == (1, 2, 5)
     assert (s.PARTITION_LEASE_S, s.PARTITION_HEARTBEAT_S) == (30, 10)
@@ -70,6 +71,7 @@ def test_jobs_dict_values_are_used() -> None:
     ({"JOBS_POLL_S": "0.25"}, "POLL_S", 0.25),
     ({"JOBS_PARTITION_LEASE_S": "12.5"}, "PARTITION_LEASE_S", 12.5),
     ({"JOBS_MAX_PAYLOAD_BYTES": "2048"}, "MAX_PAYLOAD_BYTES", 2048),
+    ({"JOBS_FAST_MARK_ROWS": "100"}, "FAST_MARK_ROWS", 100),
 ])
 def test_env_overrides_jobs(env: dict[str, str], field: str, value: Any) -> None:
     """The environment wins over the JOBS dict (operators change a pod without a deploy)."""
@@ -117,6 +119,7 @@ NONSENSE: list[tuple[str, dict[str, Any], str]] = [
     ("long-heartbeat-over-lease", {"LONG_LEASE_S": 60, "LONG_HEARTBEAT_S": 90},
      "LONG_HEARTBEAT_S"),
     ("zero-partitions", {"PARTITIONS": 0}, "PARTITIONS"),
+    ("zero-mark-rows", {"FAST_MARK_ROWS": 0}, "FAST_MARK_ROWS"),
     ("zero-retention", {"RETENTION_S": 0}, "RETENTION_S"),
     ("negative-unhandled-grace", {"UNHANDLED_GRACE_S": -1}, "UNHANDLED_GRACE_S"),
     ("empty-idle-poll", {"IDLE_POLL_S": []}, "IDLE_POLL_S"),
