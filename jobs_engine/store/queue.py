@@ -322,18 +322,22 @@ def version_counter_next(key: str, using: str | None = None) -> int:
 # -- shared by the statements below -----------------------------------------------
 
 
+def _attempts_as_read(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
+    """SQL true when a row's ``attempts`` is the one of its ``(id, attempts)`` in ``rows``
+    (as it was read): one value for a send's rows, nearly always, else the pairs. On
+    PostgreSQL one text for any number of rows (arrays), so the statement can be prepared."""
+    if len({attempts for _, attempts in rows}) == 1:
+        return "attempts = %s", [rows[0][1]]
+    pairs, params = table(rows, ("bigint", "integer"), arrays_from=1)
+    return f"(id, attempts) IN ({pairs})", params
+
+
 def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
-    """``(id, attempts)`` is one of ``rows``: an ``id IN`` per attempts value (a send's
-    rows mostly share one), so even a large queue is read by its primary key."""
-    ids_by_attempts: dict[int, list[int]] = {}
-    for job_id, attempts in rows:
-        ids_by_attempts.setdefault(attempts, []).append(job_id)
-    clauses, params = [], []
-    for attempts, ids in ids_by_attempts.items():
-        ids_clause, ids_params = in_("id", ids)
-        clauses.append(f"({ids_clause} AND attempts = %s)")
-        params += [*ids_params, attempts]
-    return f"({' OR '.join(clauses)})", params
+    """``(id, attempts)`` is one of ``rows``: read by the primary key, so even a large queue
+    costs a probe per row; one text for any number of rows on PostgreSQL."""
+    ids, id_params = in_("id", [job_id for job_id, _ in rows], arrays_from=1)
+    read, read_params = _attempts_as_read(rows)
+    return f"({ids} AND {read})", [*id_params, *read_params]
 
 
 @dataclass(frozen=True)
@@ -366,8 +370,11 @@ def partitions_mark_inflight_if_leased(
     for partition, _, _ in sending:
         counts[partition] = counts.get(partition, 0) + 1
     marks, mark_params = table([(p, json_param(list(inflight[p])), n)
-                                for p, n in counts.items()], ("int", "jsonb", "int"))
+                                for p, n in counts.items()], ("int", "jsonb", "int"),
+                               arrays_from=1, as_json=True)
     sent, sent_params = _id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
+    # One text for any send (arrays), prepared: an at-most-once per-row target runs it once
+    # a row, and the server planned it at each call.
     rows = fetch(
         f"WITH mark(partition, ids, n) AS ({marks}), "
         f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
@@ -376,7 +383,7 @@ def partitions_mark_inflight_if_leased(
         "FROM mark JOIN live ON live.partition = mark.partition AND live.n = mark.n "
         f"WHERE {PARTITIONS}.partition = mark.partition AND {PARTITIONS}.owner = %s "
         f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition",
-        [*mark_params, _PENDING, *sent_params, token, owner, dt(now)],
+        [*mark_params, _PENDING, *sent_params, token, owner, dt(now)], prepare=True,
     )
     return {row[0] for row in rows}
 
@@ -887,11 +894,7 @@ class Guard:
         if self.lane is Lane.LONG:
             return (f"{ids} AND status IN ('{_RUNNING}', '{_DEAD}') AND claim_token = %s",
                     [*id_params, self.token])
-        if len({attempts for _, attempts in rows}) == 1:  # a send's rows, nearly always
-            read, read_params = "attempts = %s", [rows[0][1]]
-        else:
-            pairs, read_params = table(rows, ("bigint", "integer"), arrays_from=1)
-            read = f"(id, attempts) IN ({pairs})"
+        read, read_params = _attempts_as_read(rows)
         return (f"{ids} AND ((status = %s AND {read}) OR (status = %s AND claim_token = %s))",
                 [*id_params, _PENDING, *read_params, _DEAD, self.token])
 

@@ -182,6 +182,30 @@ def test_the_success_write_is_prepared_once_for_sends_of_any_size(targets: Any, 
         assert sorted(plans for (plans,) in cursor.fetchall()) == [2, 2]
 
 
+def test_the_mark_of_a_send_is_prepared_once_for_sends_of_any_size(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """An at-most-once per-row target's rows after the read's are marked by a statement of
+    their own, once a row or once per ``FAST_MARK_ROWS``: one text whatever the send's
+    size and partitions (arrays), and one more for a send that mixes attempts, so the
+    worker's session prepares each once; the server planned every mark before."""
+    targets("fl.mark")
+    ids = [put("fl.mark", t0 + i * SECOND / 10, key=key)
+           for i, key in enumerate(keys_in({11, 12, 13}, 9, "mark-prep"))]
+    JobModel.objects.filter(id__in=ids[4:6]).update(attempts=2)  # the second send mixes
+    worker = make_worker("A", jobs_settings(FAST_MARK_ROWS=3))
+    assert worker.run(t0 + SECOND) == 9  # marks: the read's 3, then 3 mixed, 3
+    for i, key in enumerate(keys_in({11, 12, 13}, 7, "mark-prep-2")):
+        put("fl.mark", t0 + i * SECOND / 10, key=key)
+    assert worker.run(t0 + SECOND) == 7  # the read's 3, then 3, 1
+    assert JobModel.objects.count() == 0
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
+                       "WHERE statement LIKE %s", ["WITH mark(partition%"])
+        assert sorted(runs for (runs,) in cursor.fetchall()) == [1, 3]
+
+
 def test_fast_batch_comes_from_settings(targets: Any, t0: datetime, jobs_settings: Any) -> None:
     """FAST_BATCH from settings.JOBS and from the JOBS_FAST_BATCH environment variable."""
     targets("fl.small")
