@@ -675,12 +675,10 @@ def test_batch_handler_gets_all_rows_of_a_poll_in_one_call(targets: Any, t0: dat
     assert all(row(i).attempts == 1 for i in failed)  # type: ignore[arg-type]
 
 
-def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: datetime
-                                                        ) -> None:
-    """At-most-once, one row per send: on PostgreSQL the poll's read marks the first row
-    in flight, so a worker woken for one row hands it after one statement; each later row
-    is marked by a statement of its own just before it is handed. SQLite marks the first
-    row right after the read. The pauses are read by the read itself."""
+def hand_in_one_poll(targets: Any, t0: datetime, worker: Worker, keys: list[str]
+                     ) -> tuple[list[int], list[list[str]]]:
+    """An at-most-once per-row row on each of ``keys``, all handed by ``worker`` in one
+    poll, in key order; their ids and, for each, the statements run before its handler."""
     seen: list[tuple[int | None, list[str]]] = []
     start = len(connection.queries_log)
 
@@ -688,20 +686,33 @@ def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: date
         seen.append((job.id, [q["sql"] for q in list(connection.queries_log)[start:]]))
 
     targets("fl.per-row", handler=handler)
-    ids = [put("fl.per-row", t0 + i * SECOND / 10, key=key)
-           for i, key in enumerate(keys_in({11}, 3, "per-row"))]
+    ids = [put("fl.per-row", t0 + i * SECOND / 10, key=key) for i, key in enumerate(keys)]
     with CaptureQueriesContext(connection):
         start = len(connection.queries_log)
-        assert make_worker("A").run(t0 + SECOND) == 3
+        assert worker.run(t0 + SECOND) == len(ids)
     assert [job_id for job_id, _ in seen] == ids
-    marks = [[sql for sql in statements if "SET inflight_ids" in sql
-              and "inflight_token = NULL" not in sql] for _, statements in seen]
+    assert not JobModel.objects.filter(id__in=ids).exists()
+    return ids, [statements for _, statements in seen]
+
+
+def marks_in(statements: list[str]) -> list[str]:
+    return [sql for sql in statements
+            if "SET inflight_ids" in sql and "inflight_token = NULL" not in sql]
+
+
+def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: datetime
+                                                        ) -> None:
+    """At-most-once, one row per send: on PostgreSQL the poll's read marks the first row
+    in flight, so a worker woken for one row hands it after one statement; each later row
+    is marked by a statement of its own just before it is handed. SQLite marks the first
+    row right after the read. The pauses are read by the read itself."""
+    _, seen = hand_in_one_poll(targets, t0, make_worker("A"), keys_in({11}, 3, "per-row"))
+    marks = [marks_in(statements) for statements in seen]
     assert [len(m) for m in marks] == [1, 2, 3]
-    pause_reads = [sql for sql in seen[0][1] if "targetpause" in sql]
+    pause_reads = [sql for sql in seen[0] if "targetpause" in sql]
     assert pause_reads and all("jobs_engine_job" in sql for sql in pause_reads)
     if connection.vendor == "postgresql":
         assert "FROM due ORDER BY next_run_at, id" in marks[0][0]  # the read itself
-    assert not JobModel.objects.filter(id__in=ids).exists()
 
 
 def test_fast_mark_rows_marks_a_per_row_targets_rows_that_many_at_a_time(
@@ -709,24 +720,9 @@ def test_fast_mark_rows_marks_a_per_row_targets_rows_that_many_at_a_time(
     """``FAST_MARK_ROWS`` 3: the read marks the first three rows of an at-most-once per-row
     target, one statement marks the next three, another the last; each row is still
     handed alone, in key order, once."""
-    seen: list[tuple[int | None, list[str]]] = []
-    start = len(connection.queries_log)
-
-    def handler(job: Job) -> None:
-        seen.append((job.id, [q["sql"] for q in list(connection.queries_log)[start:]]))
-
-    targets("fl.per-row", handler=handler)
-    ids = [put("fl.per-row", t0 + i * SECOND / 10, key=key)
-           for i, key in enumerate(keys_in({11, 12}, 7, "mark-rows"))]
     worker = make_worker("A", jobs_settings(FAST_MARK_ROWS=3))
-    with CaptureQueriesContext(connection):
-        start = len(connection.queries_log)
-        assert worker.run(t0 + SECOND) == 7
-    assert [job_id for job_id, _ in seen] == ids
-    marks = [[sql for sql in statements if "SET inflight_ids" in sql
-              and "inflight_token = NULL" not in sql] for _, statements in seen]
-    assert [len(m) for m in marks] == [1, 1, 1, 2, 2, 2, 3]
-    assert not JobModel.objects.filter(id__in=ids).exists()
+    _, seen = hand_in_one_poll(targets, t0, worker, keys_in({11, 12}, 7, "mark-rows"))
+    assert [len(marks_in(statements)) for statements in seen] == [1, 1, 1, 2, 2, 2, 3]
 
 
 def test_a_crash_presumes_the_rows_marked_with_the_row_in_hand_dead_never_sent_twice(
