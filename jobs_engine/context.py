@@ -29,6 +29,11 @@ def current_trace_id() -> str:
     return _trace_id.get() or new_trace_id()
 
 
+def request_trace_id() -> str | None:
+    """The trace id of the request or job this code runs in; None outside one."""
+    return _trace_id.get()
+
+
 def current_actor() -> dict[str, Any] | None:
     return _actor.get()
 

@@ -86,8 +86,8 @@ def json_text(value: Any, max_bytes: int | None = None) -> str:
                          ) from None
     except (TypeError, ValueError) as exc:
         raise ValueError(f"is not JSON-serialisable: {exc}") from None
-    try:
-        size = len(text.encode())
+    try:  # ASCII, the usual text, is its own size and cannot hold a surrogate
+        size = len(text) if text.isascii() else len(text.encode())
     except UnicodeEncodeError:
         raise ValueError(SURROGATE_PROBLEM) from None
     if max_bytes is not None and size > max_bytes:

@@ -330,7 +330,12 @@ def test_payload_limit_is_the_setting(fast: Target, small_payloads: JobsSettings
     with pytest.raises(InvalidJob) as info:
         enqueue("t:fast", at_limit + "x")
     assert info.value.field == "payload"
-    assert count_jobs() == 1
+    # Bytes of UTF-8, not characters: 50 two-byte letters are 102 bytes in 52 characters.
+    two_byte = "ä" * ((small_payloads.MAX_PAYLOAD_BYTES - 2) // 2)
+    assert enqueue("t:fast", two_byte).inserted
+    with pytest.raises(InvalidJob, match="102 bytes"):
+        enqueue("t:fast", two_byte + "ä")
+    assert count_jobs() == 2
 
 
 @pytest.mark.django_db
@@ -688,6 +693,17 @@ def test_outside_a_request_each_call_gets_a_new_trace_id(fast: Target) -> None:
     traces = [trace for trace, _ in rows]
     assert all(HEX32.match(t) for t in traces) and len(set(traces)) == 2
     assert [actor for _, actor in rows] == [None, None]
+
+
+@pytest.mark.django_db
+def test_one_call_outside_a_request_gives_each_job_its_own_random_keys(fast: Target) -> None:
+    """The keys of one call come from one read of the random source: each job still has a
+    dedupe key and a trace id of its own, 128 bits each, none shared with another."""
+    enqueue_many([{"target": "t:fast", "payload": i} for i in range(50)])
+    rows = list(Job.objects.values_list("dedupe_key", "trace_id"))
+    keys = [key for row in rows for key in row]
+    assert len(rows) == 50 and all(HEX32.fullmatch(key) for key in keys)
+    assert len(set(keys)) == 100
 
 
 @pytest.mark.django_db
