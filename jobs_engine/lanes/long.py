@@ -18,7 +18,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -48,6 +47,45 @@ SHORT_HANDLER_MS = 10.0
 HANDLER_MS_WEIGHT = 0.2
 
 
+class HandlerThreads:
+    """``count`` threads that run the calls handed to them in order of arrival, started as
+    calls come. A ``ThreadPoolExecutor`` made a future per call, which nothing here waits
+    on, and its ``submit`` was a tenth of a busy long-lane worker's Python time."""
+
+    def __init__(self, count: int, name: str) -> None:
+        self._count = count
+        self._name = name
+        self._calls: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue())
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, call: Callable[..., None], *args: Any) -> None:
+        if len(self._threads) < self._count:
+            # Daemon: a lane never shut down must not hold the interpreter open; the worker
+            # shuts its lane down, and waits for the calls, before it exits.
+            thread = threading.Thread(target=self._serve, daemon=True,
+                                      name=f"{self._name}_{len(self._threads)}")
+            self._threads.append(thread)
+            thread.start()
+        self._calls.put((call, args))
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, args = item
+            try:
+                call(*args)
+            except BaseException:  # the call's own net failed: the thread serves the others
+                logger.exception("a long-lane thread's call raised")
+
+    def shutdown(self, wait: bool = True) -> None:
+        """The calls handed so far still run; ``wait``: return when they have."""
+        for _ in self._threads:
+            self._calls.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
 class LongLane:
     def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
                  threads: bool = True, monotonic: Callable[[], float] = time.monotonic,
@@ -65,9 +103,7 @@ class LongLane:
         self._sleep = sleep
         self._lock = threading.Lock()
         self._in_hand: dict[int, str] = {}  # job id -> claim token
-        self._pool = (ThreadPoolExecutor(settings.LONG_BATCH, thread_name_prefix="long-lane")
-                      if threads else None)
-        self._futures: set[Future[None]] = set()
+        self._pool = HandlerThreads(settings.LONG_BATCH, "long-lane") if threads else None
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
         self._rescued_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
@@ -149,9 +185,7 @@ class LongLane:
             if self._pool is None:
                 self._run(*args)
             else:
-                future = self._pool.submit(self._run_in_thread, *args)
-                self._futures.add(future)
-                future.add_done_callback(self._futures.discard)
+                self._pool.submit(self._run_in_thread, *args)
         return len(ready)
 
     def _probe(self, unstarted: list[Job], token: str, now: datetime, started_at: datetime

@@ -11,6 +11,7 @@ use.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import traceback
@@ -114,19 +115,26 @@ class RunResult(NamedTuple):
 TRACEBACK_LIMIT = 8000  # characters of a try's traceback kept: its end, where the error is
 
 
+@functools.lru_cache(maxsize=64)
+def _try_head(worker_id: str, started_at: datetime) -> str:
+    """The start of a try's entry, open for its end: every row of one reserve shares it."""
+    return json.dumps({"worker": worker_id, "started_at": started_at.isoformat()})[:-1]
+
+
 def try_entry(worker_id: str, started_at: datetime, finished_at: datetime,
               error: BaseException | None) -> str:
     """A long-lane try as the JSON text of its ``tries`` entry (``models.TRIES_HELP``):
     the worker, its start and end, and what it raised. ``store`` builds the same entry in
     SQL for a try whose worker was lost."""
-    entry = {"worker": worker_id, "started_at": started_at.isoformat(),
-             "finished_at": finished_at.isoformat()}
-    if error is not None:
-        kind = type(error)
-        entry["error"] = f"{kind.__module__}.{kind.__qualname__}"
-        entry["traceback"] = clean("".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:],
-                                   TRACEBACK_LIMIT)
-    return json.dumps(entry)
+    head = _try_head(worker_id, started_at)
+    if error is None:  # an ISO time needs no escape: no encoder call on the hot path
+        return f'{head}, "finished_at": "{finished_at.isoformat()}"}}'
+    kind = type(error)
+    tail = {"finished_at": finished_at.isoformat(),
+            "error": f"{kind.__module__}.{kind.__qualname__}",
+            "traceback": clean("".join(traceback.format_exception(error))[-TRACEBACK_LIMIT:],
+                               TRACEBACK_LIMIT)}
+    return f"{head}, {json.dumps(tail)[1:]}"
 
 
 def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
