@@ -25,10 +25,6 @@ def new_trace_id() -> str:
     return secrets.token_hex(16)  # 128 random bits: uuid4().hex in a quarter of the time
 
 
-def current_trace_id() -> str:
-    return _trace_id.get() or new_trace_id()
-
-
 def request_trace_id() -> str | None:
     """The trace id of the request or job this code runs in; None outside one."""
     return _trace_id.get()
