@@ -33,8 +33,15 @@ def conn(using: str | None = None) -> Any:
     return connections[using or DEFAULT_DB_ALIAS]
 
 
+@cache
+def _vendor(alias: str) -> str:
+    # Fixed for the process, where ``connections[alias]`` is a context-local read: asked
+    # several times a write, and once a row by ``dt``.
+    return str(connections[alias].vendor)
+
+
 def is_postgres(using: str | None = None) -> bool:
-    return conn(using).vendor == "postgresql"
+    return _vendor(using or DEFAULT_DB_ALIAS) == "postgresql"
 
 
 # -- running statements ----------------------------------------------------------------
@@ -223,8 +230,11 @@ def clock_params(now: datetime, using: str | None = None) -> list[Any]:
 
 
 def dt(value: datetime | None, using: str | None = None) -> Any:
-    """A datetime parameter in the form the backend stores (SQLite keeps naive UTC text)."""
-    return None if value is None else conn(using).ops.adapt_datetimefield_value(value)
+    """A datetime parameter in the form the backend stores (SQLite keeps naive UTC text;
+    PostgreSQL's adapter gives the value back, and is skipped)."""
+    if value is None or is_postgres(using):
+        return value
+    return conn(using).ops.adapt_datetimefield_value(value)
 
 
 def read_dt(value: Any) -> datetime | None:
