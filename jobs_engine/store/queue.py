@@ -548,10 +548,10 @@ def jobs_fast_poll(
 
     The first send is of the first target in name order: all its rows, or for a target in
     ``per_row`` (an at-most-once per-row handler) its first ``per_row_send`` rows in poll
-    order. They are marked unless
-    that target's pause ran out (its probe row may be given back), and the lane hands
-    them before any other send. Marks are those of ``partitions_mark_inflight_if_leased``
-    (poll token, live lease of ``owner``); a partition whose lease is gone is not marked.
+    order. They are marked unless that target's pause ran out (its probe row may be given
+    back), and the lane hands them before any other send. Marks are those of
+    ``partitions_mark_inflight_if_leased`` (poll token, live lease of ``owner``); a
+    partition whose lease is gone is not marked.
     With writable CTEs (PostgreSQL) one statement reads and marks, so a marked row is
     PENDING as read and no mark statement of its own (the largest fixed cost of a send,
     and of an idle worker's wake-up) is needed; otherwise the read is followed by the

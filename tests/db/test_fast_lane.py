@@ -159,6 +159,15 @@ def test_success_write_matches_each_row_on_the_attempts_it_was_read_with(
         job_id for job_id in newest if job_id != changed)
 
 
+def prepared_counts(counted: str, text_start: str) -> list[int]:
+    """``counted`` (an expression over ``pg_prepared_statements``) for each statement this
+    session prepared whose text starts with ``text_start``, in ascending order."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {counted} FROM pg_prepared_statements WHERE statement LIKE %s",
+                       [text_start + "%"])
+        return sorted(count for (count,) in cursor.fetchall())
+
+
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_the_success_write_is_prepared_once_for_sends_of_any_size(targets: Any, t0: datetime
                                                                   ) -> None:
@@ -176,10 +185,7 @@ def test_the_success_write_is_prepared_once_for_sends_of_any_size(targets: Any, 
     assert CompletedJob.objects.count() == 86
     if connection.vendor != "postgresql":
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT generic_plans FROM pg_prepared_statements "
-                       "WHERE statement LIKE %s", ["WITH r(id, result%"])
-        assert sorted(plans for (plans,) in cursor.fetchall()) == [2, 2]
+    assert prepared_counts("generic_plans", "WITH r(id, result") == [2, 2]
 
 
 def test_the_mark_of_a_send_is_prepared_once_for_sends_of_any_size(
@@ -200,10 +206,7 @@ def test_the_mark_of_a_send_is_prepared_once_for_sends_of_any_size(
     assert JobModel.objects.count() == 0
     if connection.vendor != "postgresql":
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT generic_plans + custom_plans FROM pg_prepared_statements "
-                       "WHERE statement LIKE %s", ["WITH mark(partition%"])
-        assert sorted(runs for (runs,) in cursor.fetchall()) == [1, 3]
+    assert prepared_counts("generic_plans + custom_plans", "WITH mark(partition") == [1, 3]
 
 
 def test_fast_batch_comes_from_settings(targets: Any, t0: datetime, jobs_settings: Any) -> None:
