@@ -24,6 +24,7 @@ AT_MOST_ONCE = "bench.noop_at_most_once"
 AT_LEAST_ONCE = "bench.noop_at_least_once"
 BATCH = "bench.noop_batch"
 LONG = "bench.long_noop"
+LONG_AT_LEAST_ONCE = "bench.long_noop_at_least_once"  # River's kind: a crash runs it again
 LONG_WAIT = "bench.long_wait"  # its handler waits LONG_WAIT_S, as a call to a service would
 LONG_WAIT_S = 0.02
 LONG_EXCLUSIVE = "bench.long_exclusive"  # never enqueued: puts the exclusive clause in the plan
@@ -118,6 +119,8 @@ def register() -> None:
         *((name + KEEP_NONE_SUFFIX, noop, {**kwargs, "policy": KEEP_NONE})
           for name, kwargs in fast),
         (LONG, noop, {"lane": Lane.LONG}),
+        (LONG_AT_LEAST_ONCE, noop, {"lane": Lane.LONG,
+                                    "delivery_mode": DeliveryMode.AT_LEAST_ONCE}),
         (LONG_WAIT, wait, {"lane": Lane.LONG}),
         (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
         (LATENCY, record_start, {"lane": Lane.FAST}),

@@ -28,7 +28,10 @@ class JobsSettings:
     LONG_BATCH: int = 10
     # Rows per long-lane thread a worker reserves while its handlers are short (under
     # 10 ms on average): one statement then starts and ends more of them. 1: one per thread.
-    LONG_PREFETCH: int = 8
+    LONG_PREFETCH: int = 32
+    # Of those, at-most-once rows per thread: a crash presumes every started one DEAD, run
+    # or not, so they queue less deep than at-least-once rows, which run again instead.
+    LONG_PREFETCH_AT_MOST_ONCE: int = 8
     POLL_S: float = 1
     IDLE_POLL_S: tuple[float, ...] = (1, 2, 5)
     PARTITION_LEASE_S: float = 30
@@ -78,10 +81,10 @@ class JobsSettings:
         if found:
             return found
         positive = (
-            "PARTITIONS", "FAST_BATCH", "FAST_MARK_ROWS", "LONG_BATCH", "LONG_PREFETCH", "POLL_S",
-            "RETENTION_S", "PARTITION_LEASE_S", "PARTITION_HEARTBEAT_S", "LONG_LEASE_S",
-            "LONG_HEARTBEAT_S", "PROBE_S", "TICK_S", "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH",
-            "MAX_CODE_LENGTH",
+            "PARTITIONS", "FAST_BATCH", "FAST_MARK_ROWS", "LONG_BATCH", "LONG_PREFETCH",
+            "LONG_PREFETCH_AT_MOST_ONCE", "POLL_S", "RETENTION_S", "PARTITION_LEASE_S",
+            "PARTITION_HEARTBEAT_S", "LONG_LEASE_S", "LONG_HEARTBEAT_S", "PROBE_S", "TICK_S",
+            "MAX_PAYLOAD_BYTES", "MAX_KEY_LENGTH", "MAX_CODE_LENGTH",
         )
         for name in positive:
             if not getattr(self, name) > 0:

@@ -8,7 +8,8 @@ latency probes' files) go to PEERS_WORK/je-results, never into the checkout.
   E1    workloads.phase_e1     (enqueue per call, autocommit; also its raw psycopg line)
   D1    harness.drain(..., count=1) with one worker process, as phase_d1 / phase_long do for
         one worker: ``run_fast_lane`` on the at-most-once and the at-least-once per-row
-        no-op targets, ``run_long_lane`` on the long lane's no-op target
+        no-op targets, ``run_long_lane`` on the long lane's at-most-once and at-least-once
+        no-op targets (River's jobs are at least once: a crash runs them again)
   L     workloads.latency_run(o, "notify", lane): one idle worker, NOTIFY on, for the fast
         lane (run_fast_lane) and the long lane (run_long_lane)
 
@@ -17,8 +18,9 @@ targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WAR
 
   D1batch  the at-least-once drain again with FAST_BATCH 1,000 (default 100), the
         at-most-once one with FAST_MARK_ROWS 10 (default 1: a commit per row), and the
-        long lane's with LONG_PREFETCH 100 (default 8): extra-setting rows, beside River's
-        with its own benchmark's settings
+        long lane's at-most-once one with LONG_PREFETCH and LONG_PREFETCH_AT_MOST_ONCE 100
+        (defaults 32 and 8): extra-setting rows, beside River's with its own benchmark's
+        settings
   Eprepared  E100 and E1 again with Django's prepared statements turned on (DATABASES
         OPTIONS prepare_threshold): an extra-setting row. Django leaves them off by default
         for transaction poolers; then the enqueue's insert is bound on the server but not
@@ -59,7 +61,8 @@ from bench import run  # noqa: E402  (sets nothing up on import)
 
 FAST_AT_MOST_ONCE = f"{OURS} fast lane, at-most-once"
 FAST_AT_LEAST_ONCE = f"{OURS} fast lane, at-least-once"
-LONG = f"{OURS} long lane"
+LONG = f"{OURS} long lane, at-most-once"
+LONG_AT_LEAST_ONCE = f"{OURS} long lane, at-least-once"
 PREPARED = f"{OURS}, Django's prepared statements on"
 # The fast lane's rows per poll for the extra-setting drain (River's own benchmark has its
 # extra-setting row too): a poll's fixed cost, ~3 ms of statements, spread over more rows.
@@ -71,7 +74,7 @@ FAST_BIG_BATCH = f"{FAST_AT_LEAST_ONCE}, FAST_BATCH {BIG_BATCH}"
 MARK_ROWS = 10
 FAST_MARK_ROWS = f"{FAST_AT_MOST_ONCE}, FAST_MARK_ROWS {MARK_ROWS}"
 DEEP_PREFETCH = 100
-LONG_DEEP_PREFETCH = f"{LONG}, LONG_PREFETCH {DEEP_PREFETCH}"
+LONG_DEEP_PREFETCH = f"{LONG}, LONG_PREFETCH_AT_MOST_ONCE {DEEP_PREFETCH}"
 PREPARED_SETTING = ("DATABASES OPTIONS prepare_threshold 5 (Django leaves it None, for "
                     "transaction poolers): the enqueue's insert is prepared")
 
@@ -123,7 +126,9 @@ def main(which: list[str]) -> None:
                 for system, command, target, n in (
                         (FAST_AT_MOST_ONCE, "run_fast_lane", targets.AT_MOST_ONCE, o.d1_n),
                         (FAST_AT_LEAST_ONCE, "run_fast_lane", targets.AT_LEAST_ONCE, o.d1_n),
-                        (LONG, "run_long_lane", targets.LONG, o.long_n)):
+                        (LONG, "run_long_lane", targets.LONG, o.long_n),
+                        (LONG_AT_LEAST_ONCE, "run_long_lane", targets.LONG_AT_LEAST_ONCE,
+                         o.long_n)):
                     d = harness.drain(o, command, target, n, 1,
                                       f"peers-d1-{target.split('.')[-1]}", lambda: True)
                     record(system, "D1", d["rate"], family=OURS,
@@ -131,18 +136,21 @@ def main(which: list[str]) -> None:
                            drain_s=d["drain_s"], dead=d["dead"], n=n,
                            concurrency=one_worker.format(command))
             elif w == "D1batch":
-                for system, command, target, setting, value, default in (
-                        (FAST_BIG_BATCH, "run_fast_lane", targets.AT_LEAST_ONCE, "FAST_BATCH",
-                         BIG_BATCH, 100),
+                for system, command, target, changed in (
+                        (FAST_BIG_BATCH, "run_fast_lane", targets.AT_LEAST_ONCE,
+                         {"FAST_BATCH": (BIG_BATCH, 100)}),
                         (FAST_MARK_ROWS, "run_fast_lane", targets.AT_MOST_ONCE,
-                         "FAST_MARK_ROWS", MARK_ROWS, 1),
-                        (LONG_DEEP_PREFETCH, "run_long_lane", targets.LONG, "LONG_PREFETCH",
-                         DEEP_PREFETCH, 8)):
+                         {"FAST_MARK_ROWS": (MARK_ROWS, 1)}),
+                        (LONG_DEEP_PREFETCH, "run_long_lane", targets.LONG,
+                         {"LONG_PREFETCH": (DEEP_PREFETCH, 32),
+                          "LONG_PREFETCH_AT_MOST_ONCE": (DEEP_PREFETCH, 8)})):
                     d = harness.drain(o, command, target, o.d1_n, 1,
-                                      f"peers-d1-{setting.lower()}", lambda: True,
-                                      env={f"JOBS_{setting}": str(value)})
+                                      f"peers-d1-{next(iter(changed)).lower()}", lambda: True,
+                                      env={f"JOBS_{name}": str(value)
+                                           for name, (value, _) in changed.items()})
                     record(system, "D1", d["rate"], family=OURS, defaults=False,
-                           settings=f"JOBS {setting} {value} (default {default})",
+                           settings=", ".join(f"JOBS {name} {value} (default {default})"
+                                              for name, (value, default) in changed.items()),
                            d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
                            drain_s=d["drain_s"], dead=d["dead"], n=o.d1_n,
                            concurrency=one_worker.format(command))

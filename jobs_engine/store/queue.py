@@ -163,6 +163,7 @@ CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
           Lane.LONG: states.transition(RUNNING, DEAD, to=DEAD)}
 
 _PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
+_AT_MOST_ONCE = DeliveryMode.AT_MOST_ONCE.value
 # A hot prepared statement names the lane and state of the partial index it reads as
 # literals, not parameters: its generic plan (``dialect._prepared_cursor``) can then use
 # that index, where with parameters only a plan made for each call's values can.
@@ -699,7 +700,7 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
         "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
         "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
         [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
-         *RESCUE_PRESUMED_DEAD.source_values, expired, DeliveryMode.AT_MOST_ONCE.value],
+         *RESCUE_PRESUMED_DEAD.source_values, expired, _AT_MOST_ONCE],
     )
     released = execute(
         f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
@@ -724,9 +725,12 @@ class Reserved(NamedTuple):
 
 def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
                       exclusive_targets: Sequence[str] = (), targets: Sequence[str],
-                      start: bool = False) -> list[Reserved]:
+                      start: bool = False, at_most_once_limit: int | None = None
+                      ) -> list[Reserved]:
     """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
-    and a lease, in priority order, skipping targets whose pause has not run out.
+    and a lease, in priority order, skipping targets whose pause has not run out; of them
+    at most ``at_most_once_limit`` at-most-once rows (None: no bound of their own). An
+    at-most-once row past that bound stays PENDING, and the rows after it are still taken.
 
     ``start``: the rows of targets without any pause are also marked started, in the same
     statement (their handlers run next; the reserve and the mark commit together, before
@@ -754,6 +758,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         started = row[16] is not None
         return Reserved(_job(row), (read_json(row[17]) or []) if started else None)
 
+    at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     excl_clause, excl_params = in_("j.target", exclusive_targets)
     # A candidate of an exclusive target whose code runs on some worker is not due. The
     # running codes are read once per statement (NOT IN an uncorrelated subquery): a
@@ -770,22 +775,27 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             with alone:
                 rows = fetch(
                     f"WITH locked AS (SELECT j.id, j.code, j.priority, j.next_run_at, "
-                    f"{excl_clause if exclusive_targets else 'false'} AS exclusive "
+                    f"{excl_clause if exclusive_targets else 'false'} AS exclusive, "
+                    f"j.delivery_mode = '{_AT_MOST_ONCE}' AS at_most_once "
                     f"FROM {JOBS} j WHERE {_LONG_PENDING} "
                     f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} "
                     f"AND {free_code} ORDER BY j.priority DESC, j.next_run_at, j.id "
                     "LIMIT %s FOR UPDATE SKIP LOCKED), "
-                    "picked AS (SELECT id, exclusive, code FROM (SELECT id, exclusive, code, "
-                    "row_number() OVER (PARTITION BY exclusive, CASE WHEN exclusive THEN code "
-                    "END ORDER BY priority DESC, next_run_at, id) AS nth FROM locked) AS l "
-                    "WHERE NOT exclusive OR nth = 1) "
+                    # The first of each exclusive code, then the first at-most-once rows.
+                    "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
+                    "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
+                    "next_run_at, id) AS nth FROM locked) AS l WHERE NOT exclusive OR nth = 1), "
+                    "picked AS (SELECT id, exclusive, code FROM (SELECT *, row_number() OVER "
+                    "(PARTITION BY at_most_once ORDER BY priority DESC, next_run_at, id) AS "
+                    "nth_mode FROM first_of_code) AS m WHERE NOT at_most_once OR nth_mode <= %s) "
                     f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
                     "lease_until = %s, running_code = CASE WHEN picked.exclusive "
                     f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
                     f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}",
                     [*(excl_params if exclusive_targets else []),
-                     dt(now), *target_params, dt(now), *excl_params, limit, RESERVE.target,
-                     token, owner, lease_until, *started_params, dt(now)], prepare=True)
+                     dt(now), *target_params, dt(now), *excl_params, limit, at_most_once,
+                     RESERVE.target, token, owner, lease_until, *started_params, dt(now)],
+                    prepare=True)
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
         else:
@@ -795,20 +805,30 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     found: list[Reserved] = []
     with transaction.atomic():
         candidates = fetch(
-            f"SELECT j.id, j.target, j.code FROM {JOBS} j WHERE {_LONG_PENDING} "
-            f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} AND {free_code} "
+            f"SELECT j.id, j.target, j.code, j.delivery_mode FROM {JOBS} j "
+            f"WHERE {_LONG_PENDING} AND j.next_run_at <= %s AND {target_clause} "
+            f"AND {not_paused} AND {free_code} "
             f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
             [dt(now), *target_params, dt(now), *excl_params, limit],
         )
-        order = {job_id: place for place, (job_id, _, _) in enumerate(candidates)}
+        order = {row[0]: place for place, row in enumerate(candidates)}
         exclusive = set(exclusive_targets)
-        plain_ids = [job_id for job_id, target, _ in candidates if target not in exclusive]
+        plain_ids: list[int] = []
         seen_codes: set[str] = set()
         exclusive_rows = []
-        for job_id, target, code in candidates:
-            if target in exclusive and code not in seen_codes:
+        for job_id, target, code, mode in candidates:  # as the statement above picks
+            if target in exclusive:
+                if code in seen_codes:
+                    continue
                 seen_codes.add(code)
+            if mode == _AT_MOST_ONCE:
+                if at_most_once <= 0:
+                    continue
+                at_most_once -= 1
+            if target in exclusive:
                 exclusive_rows.append((job_id, code))
+            else:
+                plain_ids.append(job_id)
         update = (
             f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
             f"running_code = %s, started_at = {started_at}, updated_at = %s "

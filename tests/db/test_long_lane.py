@@ -103,7 +103,7 @@ def test_a_woken_reserve_takes_a_few_rows_and_the_next_reserve_the_rest(
         put("ll.woken", t0)
     lane = long_worker("W", load_settings({"LONG_BATCH": 30, "LONG_PREFETCH": 1},
                                           environ={}))
-    assert lane.free_slots() == 30
+    assert lane.free_slots().rows == 30
     assert lane.run_once(t0, woken=True) == store.WOKEN_POLL_ROWS
     assert lane.run_once(t0) == 30
     assert JobModel.objects.count() == 0
@@ -126,12 +126,90 @@ def test_short_handlers_get_long_prefetch_rows_per_thread_and_slow_ones_one(
     settings = load_settings({"LONG_BATCH": 2, "LONG_PREFETCH": 3}, environ={})
     lane = LongLane("P", settings, PauseGate("P", settings), threads=False, monotonic=clock)
     took["s"] = 0.001
-    assert [lane.free_slots(), lane.run_once(t0)] == [2, 2]  # no handler timed yet
-    assert [lane.free_slots(), lane.run_once(t0)] == [6, 6]  # 1 ms each: 3 per thread
+    assert [lane.free_slots().rows, lane.run_once(t0)] == [2, 2]  # no handler timed yet
+    assert [lane.free_slots().rows, lane.run_once(t0)] == [6, 6]  # 1 ms each: 3 per thread
     took["s"] = 0.5  # the average passes 10 ms after the first of these
     assert lane.run_once(t0) == 6  # reserved while the average was still short
-    assert [lane.free_slots(), lane.run_once(t0)] == [2, 2]
+    assert [lane.free_slots().rows, lane.run_once(t0)] == [2, 2]
     assert JobModel.objects.count() == 40 - 16
+
+
+def test_a_reserve_takes_no_more_at_most_once_rows_than_its_bound(targets: Any,
+                                                                    t0: datetime) -> None:
+    """An at-most-once row past the bound stays PENDING, in its place; the at-least-once
+    rows after it are still taken, within ``limit``."""
+    targets("ll.bound.amo", lane="long")
+    targets("ll.bound.alo", lane="long", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    ids = [put("ll.bound.amo" if n % 2 else "ll.bound.alo", t0 + n * SECOND)
+           for n in range(10)]  # at-least-once, at-most-once, ... in run order
+    names = ["ll.bound.amo", "ll.bound.alo"]
+    got = store.jobs_long_reserve("A", "tok", t0 + MINUTE, 300, 8, targets=names, start=True,
+                                  at_most_once_limit=2)
+    assert [r.job.id for r in got] == [ids[0], ids[1], ids[2], ids[3], ids[4], ids[6]]
+    assert set(JobModel.objects.filter(status=JobStatus.PENDING).values_list(
+        "id", flat=True)) == {ids[5], ids[7], ids[8], ids[9]}
+    got = store.jobs_long_reserve("B", "tok2", t0 + MINUTE, 300, 8, targets=names, start=True,
+                                  at_most_once_limit=0)
+    assert [r.job.id for r in got] == [ids[8]]
+
+
+def test_short_handlers_queue_at_most_once_rows_less_deep(targets: Any, t0: datetime) -> None:
+    """While handlers are short a reserve takes ``LONG_PREFETCH`` rows per thread, of which
+    at most ``LONG_PREFETCH_AT_MOST_ONCE`` at most once: those a crash presumes DEAD."""
+    targets("ll.depth.amo", handler=lambda job: None, lane="long")
+    targets("ll.depth.alo", handler=lambda job: None, lane="long",
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    for n in range(60):
+        put("ll.depth.amo" if n % 2 else "ll.depth.alo", t0 + n * SECOND)
+    settings = load_settings({"LONG_BATCH": 2, "LONG_PREFETCH": 5,
+                              "LONG_PREFETCH_AT_MOST_ONCE": 2}, environ={})
+    lane = LongLane("D", settings, PauseGate("D", settings), threads=False,
+                    monotonic=FakeMonotonic())
+    assert lane.free_slots() == (2, 2)  # no handler timed yet: one row per thread
+    assert lane.run_once(t0 + MINUTE) == 2
+    assert lane.free_slots() == (10, 4)
+    # Half the rows it took were at most once: it takes the next 8, 4 of them at most once.
+    assert lane.run_once(t0 + MINUTE) == 8
+    assert JobModel.objects.filter(target="ll.depth.amo").count() == 30 - 1 - 4
+    assert JobModel.objects.filter(target="ll.depth.alo").count() == 30 - 1 - 4
+    for n in range(60, 80):  # at least once only from here on, after 40 mixed rows
+        put("ll.depth.alo", t0 + n * SECOND)
+    JobModel.objects.filter(target="ll.depth.amo").delete()
+    assert lane.run_once(t0 + 2 * MINUTE) == 8  # half were at most once the last time
+    assert lane.run_once(t0 + 2 * MINUTE) == 10  # none were: every free slot
+
+
+def test_a_crash_presumes_no_more_at_most_once_rows_dead_than_their_prefetch(
+        targets: Any, t0: datetime) -> None:
+    """The worker dies in the handler of the first row of a deep reserve: of the rows it
+    had started, the at-most-once ones go DEAD, at most ``LONG_BATCH`` x
+    ``LONG_PREFETCH_AT_MOST_ONCE``; the at-least-once ones run again."""
+    timing = {"crash": False}
+
+    def handler(job: Job) -> None:
+        if timing["crash"]:
+            raise Crash
+
+    targets("ll.exposed.amo", handler=handler, lane="long")
+    targets("ll.exposed.alo", handler=handler, lane="long",
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    for n in range(80):
+        put("ll.exposed.amo" if n % 2 else "ll.exposed.alo", t0 + n * SECOND)
+    settings = load_settings({"LONG_BATCH": 2, "LONG_PREFETCH": 8,
+                              "LONG_PREFETCH_AT_MOST_ONCE": 3}, environ={})
+    lane = LongLane("X", settings, PauseGate("X", settings), threads=False,
+                    monotonic=FakeMonotonic())
+    assert lane.run_once(t0 + MINUTE) == 2  # times the handlers: short
+    timing["crash"] = True
+    with pytest.raises(Crash):
+        lane.run_once(t0 + MINUTE)
+    started = JobModel.objects.filter(status=JobStatus.RUNNING)
+    assert started.count() == 12  # half at most once, as the first reserve's rows
+    assert started.filter(target="ll.exposed.amo").count() == 2 * 3
+    timing["crash"] = False
+    assert long_worker("B").run_once(t0 + 10 * MINUTE) > 0
+    dead = JobModel.objects.filter(status=JobStatus.DEAD)
+    assert dead.count() == 6 and {job.target for job in dead} == {"ll.exposed.amo"}
 
 
 @pytest.mark.django_db(transaction=True)  # the pool threads write on connections of their own
@@ -692,7 +770,7 @@ def test_outcomes_that_finish_while_one_is_written_are_written_together(
             deadline = time.monotonic() + 10
             while lane._outcomes.qsize() < 4 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            seen_while_writing.append((lane.free_slots(), lane.in_hand()))
+            seen_while_writing.append((lane.free_slots().rows, lane.in_hand()))
         return real_record(guard, results, now, settings)
 
     monkeypatch.setattr(long_lane, "record", counted)

@@ -44,7 +44,7 @@ def run_check(settings: Any, jobs: dict[str, Any]) -> list[checks.CheckMessage]:
 def test_defaults_match_the_spec() -> None:
     s = load_settings({}, environ={})
     assert (s.PARTITIONS, s.FAST_BATCH, s.LONG_BATCH) == (64, 100, 10)
-    assert (s.FAST_MARK_ROWS, s.LONG_PREFETCH) == (1, 8)
+    assert (s.FAST_MARK_ROWS, s.LONG_PREFETCH, s.LONG_PREFETCH_AT_MOST_ONCE) == (1, 32, 8)
     assert (s.RETENTION_S, s.UNHANDLED_GRACE_S) == (60, 900)
     assert s.IDLE_POLL_S == (1, 2, 5)
     assert (s.PARTITION_LEASE_S, s.PARTITION_HEARTBEAT_S) == (30, 10)
