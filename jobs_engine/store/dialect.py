@@ -61,14 +61,25 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
     on this connection, for a statement whose text repeats and whose planning costs more
     than its run (the fast lane's poll: ~2 ms to plan, ~0.4 ms to run)."""
     db = conn(using)
-    with _prepared_cursor(db) if prepare and db.vendor == "postgresql" else db.cursor() as cursor:
-        if db.vendor == "postgresql":
-            # The driver's own timestamptz loader: Django's wrapper re-sets the time zone of
-            # every value in Python, a third of the fast lane's row decoding. The driver's
-            # values are aware, in the session time zone Django sets: the same instants.
-            cursor.cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
+    if db.vendor != "postgresql":
+        with db.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description else []
+    if prepare:  # the session's own cursor, kept open (``_prepared_cursor``)
+        cursor = _prepared_cursor(db)
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
+    with db.cursor() as cursor:
+        _load_timestamptz(cursor.cursor)
+        cursor.execute(sql, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def _load_timestamptz(cursor: Any) -> None:
+    """The driver's own timestamptz loader: Django's wrapper re-sets the time zone of every
+    value in Python, a third of the fast lane's row decoding. The driver's values are
+    aware, in the session time zone Django sets: the same instants."""
+    cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
 
 
 # How long a worker session keeps the generic plans of its prepared statements before it
@@ -128,7 +139,12 @@ def _prepared_cursor(db: Any) -> Any:
     answering a wake-up, ``poll_woken``), and once the worker finds rows, none made
     while it found none (``queue_busy``). Where the project binds server-side itself,
     its statements are prepared too: its ``prepare_threshold`` and the plan cache mode
-    stand."""
+    stand.
+
+    The psycopg cursor is made once per session and kept open: making one (its adapters,
+    the timestamptz loader) and closing it was a fifth of a one-row statement's time in
+    Python, and an at-most-once per-row target runs one such statement per row.
+    """
     import psycopg
 
     db.ensure_connection()
@@ -146,7 +162,14 @@ def _prepared_cursor(db: Any) -> Any:
                                        if made is None else "DISCARD PLANS")
             _plans_made[raw_connection] = now
             _made_busy[raw_connection] = _busy
-    return _wrapped(db, psycopg.Cursor(raw_connection))
+    # Kept on Django's wrapper of the session, which outlives its raw connections: a
+    # reconnect makes a new cursor, and the old one goes with its connection.
+    kept = getattr(db, "_jobs_engine_cursor", None)
+    if kept is None or kept.connection is not raw_connection:
+        kept = psycopg.Cursor(raw_connection)
+        _load_timestamptz(kept)
+        db._jobs_engine_cursor = kept
+    return _wrapped(db, kept)
 
 
 def fetch_insert(sql: str, params: Sequence[Any], using: str | None = None, *,

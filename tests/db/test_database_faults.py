@@ -26,6 +26,7 @@ from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import Partition, Worker
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
+from jobs_engine.store import dialect
 from tests.db.test_fast_lane import keys_in, make_worker
 from tests.helpers import FakeMonotonic
 
@@ -264,3 +265,25 @@ def test_database_faults_are_told_from_bugs() -> None:
     assert not is_database_fault(IntegrityError("duplicate key"))
     assert not is_database_fault(ValueError("a bug"))
     assert [backoff_s(n) for n in range(1, 7)] == [0.5, 1, 2, 4, 5, 5]
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_prepared_statements_share_the_sessions_cursor_and_a_new_session_gets_its_own() -> None:
+    """``dialect.fetch(prepare=True)`` keeps one cursor per session (made once: its adapters
+    and timestamptz loader); Django's wrapper still turns an error into Django's, the
+    cursor serves on after it, and a reconnect gets a cursor of its new session."""
+    from django.db import DataError, connection
+
+    if connection.vendor != "postgresql":
+        return  # SQLite statements are never prepared: nothing is kept
+    assert dialect.fetch("SELECT clock_timestamp()", prepare=True)[0][0].tzinfo is not None
+    kept = connection._jobs_engine_cursor
+    assert dialect.fetch("SELECT %s::int + 1", [1], prepare=True) == [(2,)]
+    assert connection._jobs_engine_cursor is kept and not kept.closed
+    with pytest.raises(DataError):
+        dialect.fetch("SELECT 1 / %s::int", [0], prepare=True)
+    assert dialect.fetch("SELECT %s::int", [3], prepare=True) == [(3,)]
+    connection.close()
+    assert dialect.fetch("SELECT %s::int", [4], prepare=True) == [(4,)]
+    assert connection._jobs_engine_cursor is not kept
+    assert connection._jobs_engine_cursor.connection is connection.connection
