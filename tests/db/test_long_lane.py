@@ -153,18 +153,25 @@ def test_a_reserve_takes_no_more_at_most_once_rows_than_its_bound(targets: Any,
     assert [r.job.id for r in got] == [ids[8]]
 
 
+def mixed_backlog_lane(targets: Any, t0: datetime, name: str, rows: int,
+                       handler: Callable[[Job], None], **prefetch: int) -> LongLane:
+    """A lane (``LONG_BATCH`` 2, handlers run in the caller) facing ``rows`` rows due in turn of
+    targets ``<name>.alo`` (at least once, first) and ``<name>.amo`` (at most once)."""
+    targets(f"{name}.amo", handler=handler, lane="long")
+    targets(f"{name}.alo", handler=handler, lane="long",
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    for n in range(rows):
+        put(f"{name}.amo" if n % 2 else f"{name}.alo", t0 + n * SECOND)
+    settings = load_settings({"LONG_BATCH": 2, **prefetch}, environ={})
+    return LongLane(name, settings, PauseGate(name, settings), threads=False,
+                    monotonic=FakeMonotonic())
+
+
 def test_short_handlers_queue_at_most_once_rows_less_deep(targets: Any, t0: datetime) -> None:
     """While handlers are short a reserve takes ``LONG_PREFETCH`` rows per thread, of which
     at most ``LONG_PREFETCH_AT_MOST_ONCE`` at most once: those a crash presumes DEAD."""
-    targets("ll.depth.amo", handler=lambda job: None, lane="long")
-    targets("ll.depth.alo", handler=lambda job: None, lane="long",
-            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
-    for n in range(60):
-        put("ll.depth.amo" if n % 2 else "ll.depth.alo", t0 + n * SECOND)
-    settings = load_settings({"LONG_BATCH": 2, "LONG_PREFETCH": 5,
-                              "LONG_PREFETCH_AT_MOST_ONCE": 2}, environ={})
-    lane = LongLane("D", settings, PauseGate("D", settings), threads=False,
-                    monotonic=FakeMonotonic())
+    lane = mixed_backlog_lane(targets, t0, "ll.depth", 60, lambda job: None,
+                              LONG_PREFETCH=5, LONG_PREFETCH_AT_MOST_ONCE=2)
     assert lane.free_slots() == (2, 2)  # no handler timed yet: one row per thread
     assert lane.run_once(t0 + MINUTE) == 2
     assert lane.free_slots() == (10, 4)
@@ -190,15 +197,8 @@ def test_a_crash_presumes_no_more_at_most_once_rows_dead_than_their_prefetch(
         if timing["crash"]:
             raise Crash
 
-    targets("ll.exposed.amo", handler=handler, lane="long")
-    targets("ll.exposed.alo", handler=handler, lane="long",
-            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
-    for n in range(80):
-        put("ll.exposed.amo" if n % 2 else "ll.exposed.alo", t0 + n * SECOND)
-    settings = load_settings({"LONG_BATCH": 2, "LONG_PREFETCH": 8,
-                              "LONG_PREFETCH_AT_MOST_ONCE": 3}, environ={})
-    lane = LongLane("X", settings, PauseGate("X", settings), threads=False,
-                    monotonic=FakeMonotonic())
+    lane = mixed_backlog_lane(targets, t0, "ll.exposed", 80, handler,
+                              LONG_PREFETCH=8, LONG_PREFETCH_AT_MOST_ONCE=3)
     assert lane.run_once(t0 + MINUTE) == 2  # times the handlers: short
     timing["crash"] = True
     with pytest.raises(Crash):
