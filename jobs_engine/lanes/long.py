@@ -143,7 +143,8 @@ class LongLane:
         crash presumes every started one DEAD, where an at-least-once row runs again."""
         with self._lock:
             short = self._handler_ms is not None and self._handler_ms < SHORT_HANDLER_MS
-        batch, settings = self.settings.LONG_BATCH, self.settings
+        settings = self.settings
+        batch = settings.LONG_BATCH
         if not short:
             return Slots(batch, batch)
         return Slots(batch * settings.LONG_PREFETCH,

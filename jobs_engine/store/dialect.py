@@ -61,16 +61,13 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
     on this connection, for a statement whose text repeats and whose planning costs more
     than its run (the fast lane's poll: ~2 ms to plan, ~0.4 ms to run)."""
     db = conn(using)
-    if db.vendor != "postgresql":
-        with db.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchall() if cursor.description else []
-    if prepare:  # the session's own cursor, kept open (``_prepared_cursor``)
-        cursor = _prepared_cursor(db)
+    if prepare and db.vendor == "postgresql":
+        cursor = _prepared_cursor(db)  # the session's own, kept open: not closed here
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
     with db.cursor() as cursor:
-        _load_timestamptz(cursor.cursor)
+        if db.vendor == "postgresql":
+            _load_timestamptz(cursor.cursor)
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
 
