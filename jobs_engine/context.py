@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,15 +33,24 @@ def current_actor() -> dict[str, Any] | None:
     return _actor.get()
 
 
-@contextmanager
-def job_context(trace_id: str | None, actor: dict[str, Any] | None = None) -> Iterator[None]:
-    trace_token = _trace_id.set(trace_id)
-    actor_token = _actor.set(actor)
-    try:
-        yield
-    finally:
-        _trace_id.reset(trace_token)
-        _actor.reset(actor_token)
+class job_context:  # lower case: used as a function, ``with job_context(...):``
+    """The trace id and actor of the job (or request) the code inside runs for.
+
+    A class, not a ``@contextmanager`` generator: a lane enters one per job, and the
+    generator's machinery took 1.3 µs of each against 0.7 µs here."""
+
+    __slots__ = ("_actor", "_actor_token", "_trace_id", "_trace_token")
+
+    def __init__(self, trace_id: str | None, actor: dict[str, Any] | None = None) -> None:
+        self._trace_id, self._actor = trace_id, actor
+
+    def __enter__(self) -> None:
+        self._trace_token = _trace_id.set(self._trace_id)
+        self._actor_token = _actor.set(self._actor)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _trace_id.reset(self._trace_token)
+        _actor.reset(self._actor_token)
 
 
 @dataclass(frozen=True)
@@ -63,13 +71,20 @@ def current_try() -> LongLaneTry | None:
     return _try.get()
 
 
-@contextmanager
-def try_context(running: LongLaneTry) -> Iterator[None]:
-    token = _try.set(running)
-    try:
-        yield
-    finally:
-        _try.reset(token)
+class try_context:  # lower case: used as a function, as ``job_context`` is
+    """The long-lane try the code inside runs in; a class for the reason ``job_context``
+    is one."""
+
+    __slots__ = ("_running", "_token")
+
+    def __init__(self, running: LongLaneTry) -> None:
+        self._running = running
+
+    def __enter__(self) -> None:
+        self._token = _try.set(self._running)
+
+    def __exit__(self, *exc_info: object) -> None:
+        _try.reset(self._token)
 
 
 # What a request may name as its trace id: anything else (a NUL, text no column can hold,

@@ -323,7 +323,9 @@ class FastLane:
                     continue
                 handed.append(job)
                 answers.append(call_handler(target, job))
-                verdicts.append(judge(job, target, answers[-1].error, clock()))
+                error = answers[-1].error  # the clock is read for a failure's retry time only
+                verdicts.append(Outcome.ok() if error is None
+                                else judge(job, target, error, clock()))
                 if verdicts[-1].pause_target:
                     break  # the target is down: the rest of this send is not handed
             return self._results(handed, answers, verdicts, started)

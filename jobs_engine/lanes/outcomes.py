@@ -202,9 +202,11 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     for (target, step), group in done.items():
         keep = (len(group) if step else 0 if target is None
                 else policy_for(target).keep_completed)
+        # A send's rows share one duration (``_results``), so one start time.
+        started = {ms: now - timedelta(milliseconds=ms) for ms in {r.duration_ms for r in group}}
         matched = store.jobs_done(guard, [
             store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
-                       now - timedelta(milliseconds=r.duration_ms), r.duration_ms, r.try_json)
+                       started[r.duration_ms], r.duration_ms, r.try_json)
             for r in group], now, keep=keep,
             count_as=(hour, OutcomeKind.OK.value) if one_statement else None,
             clear_marks=clear_marks and one_statement)

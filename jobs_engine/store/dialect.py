@@ -258,6 +258,13 @@ def dt(value: datetime | None, using: str | None = None) -> Any:
     return conn(using).ops.adapt_datetimefield_value(value)
 
 
+def json_dt(value: datetime, using: str | None = None) -> Any:
+    """A datetime for a row of ``table(..., arrays_from=1, as_json=True)``: on PostgreSQL,
+    where the rows go as JSON, its ISO text (made once for a value many rows share, not
+    by the encoder for each); ``dt`` elsewhere."""
+    return value.isoformat() if is_postgres(using) else dt(value, using)
+
+
 def read_dt(value: Any) -> datetime | None:
     if value is None:
         return None

@@ -49,6 +49,7 @@ from jobs_engine.store.dialect import (
     in_,
     is_postgres,
     json_append,
+    json_dt,
     json_object,
     json_param,
     json_rows,
@@ -985,8 +986,10 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
                          [*params, *count_params], prepare=True)[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
+    # Each start time once (a send's rows share one), not once per row.
+    starts = {s: json_dt(s) for s in {d.started_at for d in kept}}
     results, result_params = table(
-        [(d.id, d.result_json, dt(d.started_at), d.duration_ms, d.try_json) for d in kept],
+        [(d.id, d.result_json, starts[d.started_at], d.duration_ms, d.try_json) for d in kept],
         ("bigint", "text", "timestamptz", "float8", "text"),
         arrays_from=1, as_json=True)
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "

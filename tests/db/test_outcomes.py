@@ -125,6 +125,33 @@ def test_successes_of_one_target_are_written_in_one_statement_with_their_statist
     assert CompletedJob.objects.filter(target=name).count() == min(keep, 3)
 
 
+def test_a_fast_sends_kept_jobs_start_at_their_finish_less_their_share_of_the_send(
+        targets: Any, t0: datetime) -> None:
+    """The rows of one send share its duration, so one start time, made once for all of
+    them: each kept job shows the send's finish less its share."""
+    settings = conf.jobs_settings()
+    clock = FakeMonotonic()
+    name = "oc.fast.send"
+    targets(name, handler=lambda job: clock.advance(0.004), lane="fast",
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE, policy=JobPolicy(keep_completed=5))
+    for n in range(4):
+        enqueue(name, {"n": n}, run_at=t0)
+    leases = PartitionLeases("fast-send", settings, monotonic=clock)
+    fast = FastLane("fast-send", settings, leases, PauseGate("fast-send", settings),
+                    monotonic=clock)
+    store.partitions_seed(settings.PARTITIONS)
+    leases.heartbeat(t0)
+    assert fast.run_once(t0) == 4
+    kept = list(CompletedJob.objects.filter(target=name).values_list(
+        "started_at", "finished_at", "duration_ms"))
+    assert len(kept) == 4
+    # Four rows in 16 ms: 4 ms each, started 4 ms before the write's time (t0 + 16 ms).
+    assert [row[2] for row in kept] == pytest.approx([4.0] * 4)
+    finished = t0 + timedelta(milliseconds=16)
+    assert {(row[0], row[1]) for row in kept} == {(finished - timedelta(milliseconds=4),
+                                                    finished)}
+
+
 def test_the_statistics_readers_sum_the_buckets_and_their_shards(t0: datetime) -> None:
     """A bucket's runs are in ``JobStat`` (folded, or added by a worker of an earlier
     release) and in the shards not folded yet: the readers add them up."""
