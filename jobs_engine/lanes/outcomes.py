@@ -72,6 +72,7 @@ class Outcome:
 
 
 _OK = Outcome(OutcomeKind.OK)  # one for every success: the hot path's outcome
+_AT_LEAST_ONCE = DeliveryMode.AT_LEAST_ONCE.value
 
 
 def describe(exc: BaseException) -> str:
@@ -209,7 +210,9 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
                        started[r.duration_ms], r.duration_ms, r.try_json)
             for r in group], now, keep=keep,
             count_as=(hour, OutcomeKind.OK.value) if one_statement else None,
-            clear_marks=clear_marks and one_statement)
+            clear_marks=clear_marks and one_statement,
+            flush_lazily=one_statement and settings.LAZY_FLUSH_AT_LEAST_ONCE and all(
+                r.job.delivery_mode == _AT_LEAST_ONCE for r in group))
         # A statement for a whole send reports only a count; a short one is rare (a
         # takeover raced us): the rows still in the table are the ones it did not match.
         if matched == len(group):

@@ -938,13 +938,23 @@ class Done(NamedTuple):
     try_json: str | None = None
 
 
+# The successes of at-least-once rows are committed without waiting for the WAL flush
+# (``JobsSettings.LAZY_FLUSH_AT_LEAST_ONCE``): the setting lasts for the statement's own
+# transaction only. A database crash may lose the last such commits (PostgreSQL flushes
+# them within ``wal_writer_delay``, 3 times at most); their rows are then due again and
+# run again, which at least once allows. A later commit that waits for its flush flushes
+# every one before it: no later outcome outlives an earlier one.
+_FLUSH_LAZILY = ", set_config('synchronous_commit', 'off', true)"
+
+
 def _tries_after(tried: str, tries: str = "tries") -> str:
     """The ``tries`` column with the entry ``tried`` (SQL, a JSON text or NULL) appended."""
     return f"CASE WHEN {tried} IS NULL THEN {tries} ELSE {json_append(tries, tried)} END"
 
 
 def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
-              count_as: tuple[datetime, str] | None = None, clear_marks: bool = False) -> int:
+              count_as: tuple[datetime, str] | None = None, clear_marks: bool = False,
+              flush_lazily: bool = False) -> int:
     """Record the jobs of one send whose handler returned; returns how many rows matched.
 
     ``keep``: the target's ``keep_completed`` (0 for rows of targets that keep none). The
@@ -959,6 +969,8 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     statement, atomic without a transaction (no BEGIN and COMMIT round trips).
     ``clear_marks`` (fast lane, with ``count_as``): it also clears the poll's in-flight
     marks (``partitions_clear_inflight``), the last write of a poll.
+    ``flush_lazily`` (with ``count_as``, at-least-once rows only): that statement, its own
+    transaction, commits without waiting for the WAL flush (``_FLUSH_LAZILY``).
     """
     if not done:
         return 0
@@ -978,11 +990,16 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         clear, clear_params = _clear_inflight(guard.token)
         counted += f", cleared AS ({clear} RETURNING 1)"
         count_params += clear_params
+    # Only where the statement is its own transaction: in a caller's, the setting would
+    # reach the caller's commit.
+    lazily = _FLUSH_LAZILY if flush_lazily and transaction.get_autocommit() else ""
+    if lazily:
+        assert count_as is not None, "one statement, so one transaction of its own"
     if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
         if counted:
             return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING target)"
-                         f"{counted} SELECT COUNT(*) FROM moved",
+                         f"{counted} SELECT COUNT(*){lazily} FROM moved",
                          [*params, *count_params], prepare=True)[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
@@ -1005,7 +1022,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
             f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}), "
             f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
             f"appended AS ({append.format(moved='moved')} RETURNING 1){counted} "
-            "SELECT COUNT(*) FROM moved",
+            f"SELECT COUNT(*){lazily} FROM moved",
             [*result_params, *params, dt(now), *count_params], prepare=True)[0][0]
     execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
             + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),

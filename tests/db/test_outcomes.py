@@ -7,6 +7,7 @@ fake monotonic clock so written times are exact.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -28,7 +29,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import CompletedJob, JobStat, JobStatShard, TargetPause
 from jobs_engine.models import Job as JobModel
-from jobs_engine.states import DeliveryMode, JobStatus
+from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic
 
 pytestmark = pytest.mark.django_db
@@ -123,6 +124,80 @@ def test_successes_of_one_target_are_written_in_one_statement_with_their_statist
     else:
         assert writes == [("INSERT", False)] * 3
     assert CompletedJob.objects.filter(target=name).count() == min(keep, 3)
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+@pytest.mark.parametrize(("lane", "mode", "setting", "lazy"), [
+    ("fast", DeliveryMode.AT_LEAST_ONCE, True, True),
+    ("long", DeliveryMode.AT_LEAST_ONCE, True, True),
+    ("fast", DeliveryMode.AT_MOST_ONCE, True, False),
+    ("long", DeliveryMode.AT_MOST_ONCE, True, False),
+    ("fast", DeliveryMode.AT_LEAST_ONCE, False, False),
+])
+def test_a_write_of_at_least_once_successes_alone_commits_without_waiting_for_the_flush(
+        targets: Any, t0: datetime, lane: str, mode: DeliveryMode, setting: bool,
+        lazy: bool) -> None:
+    """PostgreSQL: the one statement that writes at-least-once successes turns the WAL
+    flush wait off for its own transaction, never for the session (the next at-most-once
+    mark must wait); at-most-once successes, and every write with the setting off, wait.
+    SQLite has no such statement: every write waits."""
+    settings = dataclasses.replace(conf.jobs_settings(), LAZY_FLUSH_AT_LEAST_ONCE=setting)
+    name = f"oc.flush.{lane}.{mode.value}"
+    targets(name, handler=lambda job: None, lane=lane, delivery_mode=mode,
+            policy=JobPolicy(keep_completed=5))
+    ids = [enqueue(name, {"n": n}, run_at=t0).job_id for n in range(3)]
+    clock = FakeMonotonic()
+    pauses = PauseGate("flush", settings)
+    if lane == "long":
+        run_once = LongLane("flush", settings, pauses, threads=False, monotonic=clock).run_once
+    else:
+        leases = PartitionLeases("flush", settings, monotonic=clock)
+        run_once = FastLane("flush", settings, leases, pauses, monotonic=clock).run_once
+        store.partitions_seed(settings.PARTITIONS)
+        leases.heartbeat(t0)
+    postgres = connection.vendor == "postgresql"
+    session_value = connection.cursor().execute("SHOW synchronous_commit").fetchone()[0] \
+        if postgres else None
+    statements: list[str] = []
+
+    def capture(execute: Any, sql: str, *args: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, *args)
+
+    with connection.execute_wrapper(capture):
+        while run_once(t0):
+            pass
+    assert not JobModel.objects.filter(id__in=ids).exists()
+    assert CompletedJob.objects.filter(target=name).count() == 3
+    lazy_writes = [sql for sql in statements if "synchronous_commit" in sql]
+    assert bool(lazy_writes) is (lazy and postgres)
+    assert all(sql.startswith("WITH") and "DELETE FROM" in sql for sql in lazy_writes)
+    if postgres:  # the session's own setting is untouched
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW synchronous_commit")
+            assert cursor.fetchone()[0] == session_value
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_write_inside_a_callers_transaction_never_turns_its_flush_wait_off(
+        targets: Any, t0: datetime) -> None:
+    """The setting would reach the caller's own commit: inside one, the write waits."""
+    targets("oc.flush.caller", handler=lambda job: None, lane="long",
+            delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    job_id = enqueue("oc.flush.caller", {"n": 1}, run_at=t0).job_id
+    assert job_id is not None
+    statements: list[str] = []
+
+    def capture(execute: Any, sql: str, *args: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, *args)
+
+    guard = store.Guard(Lane.LONG, "no-claim")  # matches nothing: only the text matters
+    with connection.execute_wrapper(capture), transaction.atomic():
+        store.jobs_done(guard, [store.Done(job_id, 0, None, t0, 1.0)], t0, keep=0,
+                        count_as=(t0, "ok") if store.writable_ctes() else None,
+                        flush_lazily=store.writable_ctes())
+    assert statements and not any("synchronous_commit" in sql for sql in statements)
 
 
 def test_a_fast_sends_kept_jobs_start_at_their_finish_less_their_share_of_the_send(

@@ -330,6 +330,12 @@ class FaultRun:
         self.pg.restart()
         self.log(f"PostgreSQL back after {time.monotonic() - began:.1f}s")
 
+    def crash_db(self) -> None:
+        self._fault("PostgreSQL crash (pg_ctl stop -m immediate, crash recovery on start)")
+        began = time.monotonic()
+        self.pg.crash()
+        self.log(f"PostgreSQL recovered after {time.monotonic() - began:.1f}s")
+
     def stop_db_for(self, seconds: float) -> None:
         """The database unreachable for ``seconds`` (stopped, then started again)."""
         self._fault(f"PostgreSQL stop for {seconds:.0f}s")

@@ -3,7 +3,8 @@
 The fault scenarios restart and stop their database; the suite's main cluster (54329) serves
 other tests at the same time, so every fault run gets a cluster of its own: its own data dir
 and a free port, started and stopped with ``scripts/postgres.sh`` (``JOBS_PG_DIR``,
-``JOBS_PG_PORT``), restarted with ``pg_ctl restart -m fast`` (postgres.sh has no restart).
+``JOBS_PG_PORT``), restarted with ``pg_ctl restart -m fast`` (postgres.sh has no restart) and
+crashed with ``pg_ctl stop -m immediate``.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ class PgCluster:
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every connection is cut, the server comes back."""
         self._pg_ctl("restart", "-m", "fast", "-w", "-t", "60", "-l", str(self.log_path))
+
+    def crash(self) -> None:
+        """``pg_ctl stop -m immediate``, then start: no shutdown checkpoint, so the server
+        comes back through crash recovery, without what was committed but not flushed."""
+        self._pg_ctl("stop", "-m", "immediate", "-w", "-t", "60")
+        self.start()
 
     def _pg_ctl(self, *args: str) -> None:
         command = [str(self._bindir() / "pg_ctl"), *args, "-D", str(self.data_dir)]

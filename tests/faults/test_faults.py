@@ -14,7 +14,10 @@ fault in a poll's own statements are exercised.
 - (b) the same, with one worker SIGKILLed and another SIGSTOPped past its lease (the second
   restart while it is stopped, so it wakes up to dead connections);
 - (c) a Kafka broker stopped for 10 s while ``kafka:<topic>`` jobs are enqueued and sent;
-- (d) PostgreSQL stopped for twice the partition lease, then started again.
+- (d) PostgreSQL stopped for twice the partition lease, then started again;
+- (e) PostgreSQL crashed twice (``pg_ctl stop -m immediate``, then crash recovery): what
+  was committed without waiting for its WAL flush (``LAZY_FLUSH_AT_LEAST_ONCE``, the writes
+  of at-least-once successes) may be undone, and those jobs must run again, in key order.
 
 Sizes: a short form by default (the whole folder in about 3 minutes on 2 cores);
 ``JOBS_FAULTS_FULL=1`` runs the full ones (10,000 fast-lane jobs over 200 keys plus 200
@@ -280,4 +283,19 @@ def test_d_postgres_unreachable_for_twice_the_lease(fault_run: FaultRun) -> None
     at(run, work, 0.35)
     run.stop_db_for(2 * LEASE_S)
     report, summary = finish(run, f"(d) PostgreSQL unreachable for {2 * LEASE_S:.0f}s")
+    assert_promises_kept(run, report, summary)
+
+
+# -- (e) ---------------------------------------------------------------------------------------
+
+
+def test_e_postgres_crashed_twice_during_a_drain(fault_run: FaultRun) -> None:
+    run, work = fault_run, workload()
+    start_workers(run)
+    run.enqueue(work)
+    at(run, work, 0.3)
+    run.crash_db()
+    at(run, work, 0.6)
+    run.crash_db()
+    report, summary = finish(run, "(e) PostgreSQL crashed twice")
     assert_promises_kept(run, report, summary)
