@@ -28,6 +28,9 @@ DAEMON_PID=
 cleanup() {
     [[ -n "${COMPOSE_UP:-}" ]] && compose down -v --remove-orphans >&2 || true
     if [[ -n "$DAEMON_PID" ]]; then
+        # Our own daemon's cache only: each run's rebuilt images leave the last run's
+        # untagged, full copies on vfs (~2.5 GB a run).
+        docker image prune -f >/dev/null 2>&1 || true
         kill "$DAEMON_PID" 2>/dev/null || true
         wait "$DAEMON_PID" 2>/dev/null || true
     fi
