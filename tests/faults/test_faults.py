@@ -31,6 +31,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -128,16 +129,21 @@ def assert_promises_kept(run: FaultRun, report: Report, summary: str) -> None:
 # -- (a) ---------------------------------------------------------------------------------------
 
 
-def test_a_postgres_restarted_twice_during_a_drain(fault_run: FaultRun) -> None:
-    run, work = fault_run, workload()
+def database_fault_twice(run: FaultRun, fault: Callable[[], None], title: str) -> None:
+    """Scenarios (a) and (e): the database faulted at 30% and at 60% of the deliveries."""
+    work = workload()
     start_workers(run)
     run.enqueue(work)
     at(run, work, 0.3)
-    run.restart_db()
+    fault()
     at(run, work, 0.6)
-    run.restart_db()
-    report, summary = finish(run, "(a) PostgreSQL restarted twice")
+    fault()
+    report, summary = finish(run, title)
     assert_promises_kept(run, report, summary)
+
+
+def test_a_postgres_restarted_twice_during_a_drain(fault_run: FaultRun) -> None:
+    database_fault_twice(fault_run, fault_run.restart_db, "(a) PostgreSQL restarted twice")
 
 
 # -- (b) ---------------------------------------------------------------------------------------
@@ -290,12 +296,4 @@ def test_d_postgres_unreachable_for_twice_the_lease(fault_run: FaultRun) -> None
 
 
 def test_e_postgres_crashed_twice_during_a_drain(fault_run: FaultRun) -> None:
-    run, work = fault_run, workload()
-    start_workers(run)
-    run.enqueue(work)
-    at(run, work, 0.3)
-    run.crash_db()
-    at(run, work, 0.6)
-    run.crash_db()
-    report, summary = finish(run, "(e) PostgreSQL crashed twice")
-    assert_promises_kept(run, report, summary)
+    database_fault_twice(fault_run, fault_run.crash_db, "(e) PostgreSQL crashed twice")
