@@ -55,10 +55,11 @@ class JobsSettings:
     MAX_PAYLOAD_BYTES: int = 1_048_576
     MAX_KEY_LENGTH: int = 255
     MAX_CODE_LENGTH: int = 200
-    # PostgreSQL: a write of at-least-once successes commits without waiting for the WAL
-    # flush. A database crash within a fraction of a second after it may run those jobs
-    # again, which at least once allows; at-most-once rows and every other write always
-    # wait. False: every outcome waits for its flush.
+    # PostgreSQL: a statement about at-least-once rows alone (a fast-lane mark, a long-lane
+    # reserve of targets that are not exclusive, a write of successes) commits without
+    # waiting for the WAL flush. A database crash within a fraction of a second after it
+    # may run those jobs again, which at least once allows; at-most-once rows, exclusive
+    # codes and every other write always wait. False: every commit waits for its flush.
     LAZY_FLUSH_AT_LEAST_ONCE: bool = True
     WORKERS: bool = True
     NOTIFY: bool = True  # PostgreSQL only: wake workers on commit instead of the next poll

@@ -49,6 +49,7 @@ from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
+_AT_LEAST_ONCE = DeliveryMode.AT_LEAST_ONCE.value
 
 
 def takes_whole_poll(target: Target | None) -> bool:
@@ -131,7 +132,8 @@ class FastLane:
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
                                         token=poll_out.token, per_row=per_row,
-                                        per_row_send=self.settings.FAST_MARK_ROWS)
+                                        per_row_send=self.settings.FAST_MARK_ROWS,
+                                        flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE)
             walk = self._backlog_heads(held, now, limits, poll.jobs, defer=woken)
             jobs, _, poll_out.probes = self.pauses.probe_rows(
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
@@ -280,7 +282,9 @@ class FastLane:
                 ids.append(job.id)  # type: ignore[arg-type]
             marked = store.partitions_mark_inflight_if_leased(
                 self.worker_id, clock(), wanted, token,
-                [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
+                [(job.partition, job.id, job.attempts) for job in send],  # type: ignore[misc]
+                flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE and all(
+                    job.delivery_mode == _AT_LEAST_ONCE for job in send))
             for partition in marked:
                 inflight[partition] = wanted[partition]
             handed += [job for job in send if job.partition in marked]

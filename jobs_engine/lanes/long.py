@@ -196,6 +196,7 @@ class LongLane:
             exclusive_targets=[t.name for t in mine if t.exclusive],
             targets=sorted(t.name for t in mine), start=True,
             at_most_once_limit=free.at_most_once,
+            flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
         )
         self._next_due_at = None
         if reserved:

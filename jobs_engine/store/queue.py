@@ -165,6 +165,7 @@ CLOSED = {Lane.FAST: states.transition(PENDING, DEAD, to=DEAD),
 
 _PENDING, _RUNNING, _DEAD = PENDING.value, RUNNING.value, DEAD.value
 _AT_MOST_ONCE = DeliveryMode.AT_MOST_ONCE.value
+_AT_LEAST_ONCE = DeliveryMode.AT_LEAST_ONCE.value
 # A hot prepared statement names the lane and state of the partial index it reads as
 # literals, not parameters: its generic plan (``dialect._prepared_cursor``) can then use
 # that index, where with parameters only a plan made for each call's values can.
@@ -351,12 +352,34 @@ class ClosedJob:
     reason: str
 
 
+# -- commits that need not wait for their flush --------------------------------------------
+
+
+def _flush_lazily(wanted: bool, unless: str | None = None) -> str:
+    """A select-list item by which a statement about at-least-once rows (their marks,
+    reserves and successes) commits without waiting for its WAL flush
+    (``JobsSettings.LAZY_FLUSH_AT_LEAST_ONCE``), or "" where it must wait.
+
+    The setting lasts for the statement's own transaction only, so it is never used inside
+    a caller's, where it would reach the caller's commit. A database crash may lose the
+    last such commits (PostgreSQL flushes them within ``wal_writer_delay``, 3 times at
+    most); their rows are then PENDING again and run again, which at least once allows. A
+    later commit that waits for its flush flushes every one before it: no later write
+    outlives an earlier one. ``unless``: SQL true when a row of the statement needs its
+    flush (an at-most-once row, an exclusive code), judged by the statement itself.
+    """
+    if not (wanted and writable_ctes() and transaction.get_autocommit()):
+        return ""
+    lazily = "set_config('synchronous_commit', 'off', true)"
+    return f", {lazily}" if unless is None else f", (SELECT {lazily} WHERE NOT ({unless}))"
+
+
 # -- in-flight marks ----------------------------------------------------------------------
 
 
 def partitions_mark_inflight_if_leased(
     owner: str, now: datetime, inflight: Mapping[int, Sequence[int]], token: str,
-    sending: Sequence[tuple[int, int, int]],
+    sending: Sequence[tuple[int, int, int]], *, flush_lazily: bool = False,
 ) -> set[int]:
     """Record rows about to be handed to a target in their partitions' in-flight marks,
     under the poll's token, in one statement for every partition of the send.
@@ -366,7 +389,8 @@ def partitions_mark_inflight_if_leased(
     A partition is marked only while ``owner`` holds a live lease on it and every row of
     it in ``sending`` is still PENDING as read (a takeover or an admin may have closed
     one). Returns the partitions marked; for the others send nothing, and
-    ``jobs_still_pending`` tells a lost lease from a closed row.
+    ``jobs_still_pending`` tells a lost lease from a closed row. ``flush_lazily`` (the
+    rows are at least once): the commit does not wait for its flush (``_flush_lazily``).
     """
     counts: dict[int, int] = {}
     for partition, _, _ in sending:
@@ -384,7 +408,8 @@ def partitions_mark_inflight_if_leased(
         f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb('mark.ids')}, inflight_token = %s "
         "FROM mark JOIN live ON live.partition = mark.partition AND live.n = mark.n "
         f"WHERE {PARTITIONS}.partition = mark.partition AND {PARTITIONS}.owner = %s "
-        f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition",
+        f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition"
+        + _flush_lazily(flush_lazily),
         [*mark_params, _PENDING, *sent_params, token, owner, dt(now)], prepare=True,
     )
     return {row[0] for row in rows}
@@ -544,6 +569,7 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
 def jobs_fast_poll(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
     token: str, per_row: Collection[str] = (), per_row_send: int = 1,
+    flush_lazily: bool = False,
 ) -> FastPoll:
     """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
     read itself.
@@ -557,7 +583,9 @@ def jobs_fast_poll(
     With writable CTEs (PostgreSQL) one statement reads and marks, so a marked row is
     PENDING as read and no mark statement of its own (the largest fixed cost of a send,
     and of an idle worker's wake-up) is needed; otherwise the read is followed by the
-    guarded mark.
+    guarded mark. ``flush_lazily``: a mark of at-least-once rows only commits without
+    waiting for its flush (``_flush_lazily``; a takeover leaves such rows PENDING, marked
+    or not).
     """
     if not limits or not partitions:
         return FastPoll([])
@@ -574,18 +602,22 @@ def jobs_fast_poll(
             wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
         marked = partitions_mark_inflight_if_leased(
             owner, now, wanted, token,
-            [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
+            [(job.partition, job.id, job.attempts) for job in send],  # type: ignore[misc]
+            flush_lazily=flush_lazily and all(
+                job.delivery_mode == _AT_LEAST_ONCE for job in send))
         return FastPoll(due.jobs, due.probing, first,
                         {p: ids for p, ids in wanted.items() if p in marked})
     union, params = _fast_heads_sql(partitions, now, limits)
     single, single_params = in_("target", list(per_row))
     first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
                   "ORDER BY next_run_at, id LIMIT %s)")
+    lazily = _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM first_send "
+                           f"WHERE delivery_mode <> '{_AT_LEAST_ONCE}')")
     # The marks as one object {partition: ids}, made once: the update reads the owner's
     # partitions once, where a join of one row per partition compared every pair (64 by 64).
     fetched = fetch(
         f"WITH due AS MATERIALIZED ({union}), "
-        "first_send AS MATERIALIZED (SELECT partition, id FROM due "
+        "first_send AS MATERIALIZED (SELECT partition, id, delivery_mode FROM due "
         "WHERE target = (SELECT min(target) FROM due) AND NOT probe "
         f"AND (NOT ({single}) OR id IN {first_rows})), "
         "marks AS MATERIALIZED (SELECT jsonb_object_agg(partition, ids) AS marks "
@@ -594,7 +626,7 @@ def jobs_fast_poll(
         f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = m.marks -> p.partition::text, "
         "inflight_token = %s FROM marks m WHERE m.marks ? p.partition::text "
         "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
-        f"SELECT {_COLUMNS}, probe, id IN (SELECT id FROM first_send) "
+        f"SELECT {_COLUMNS}{lazily}, probe, id IN (SELECT id FROM first_send) "
         "AND partition IN (SELECT partition FROM marked) FROM due ORDER BY next_run_at, id",
         [*params, *single_params, per_row_send, token, owner, dt(now)], prepare=True,
     )
@@ -726,8 +758,8 @@ class Reserved(NamedTuple):
 
 def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
                       exclusive_targets: Sequence[str] = (), targets: Sequence[str],
-                      start: bool = False, at_most_once_limit: int | None = None
-                      ) -> list[Reserved]:
+                      start: bool = False, at_most_once_limit: int | None = None,
+                      flush_lazily: bool = False) -> list[Reserved]:
     """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
     and a lease, in priority order, skipping targets whose pause has not run out; of them
     at most ``at_most_once_limit`` at-most-once rows (None: no bound of their own). An
@@ -744,6 +776,9 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     picks and claims the rows (one round trip, no transaction), the first due row of each
     exclusive code among them; when another worker claimed one of those codes meanwhile,
     the index fails that statement and the rows are reserved again one code at a time.
+    ``flush_lazily``: a reserve of at-least-once rows of targets that are not exclusive
+    commits without waiting for its flush (``_flush_lazily``); a crash that loses it
+    leaves them PENDING, to run again before their lease would have run out.
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
     target_clause, target_params = in_("j.target", targets)
@@ -786,13 +821,16 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                     "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
                     "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
                     "next_run_at, id) AS nth FROM locked) AS l WHERE NOT exclusive OR nth = 1), "
-                    "picked AS (SELECT id, exclusive, code FROM (SELECT *, row_number() OVER "
+                    "picked AS (SELECT id, exclusive, code, at_most_once FROM (SELECT *, "
+                    "row_number() OVER "
                     "(PARTITION BY at_most_once ORDER BY priority DESC, next_run_at, id) AS "
                     "nth_mode FROM first_of_code) AS m WHERE NOT at_most_once OR nth_mode <= %s) "
                     f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
                     "lease_until = %s, running_code = CASE WHEN picked.exclusive "
                     f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
-                    f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}",
+                    f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}"
+                    + _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM picked "
+                                    "WHERE exclusive OR at_most_once)"),
                     [*(excl_params if exclusive_targets else []),
                      dt(now), *target_params, dt(now), *excl_params, limit, at_most_once,
                      RESERVE.target, token, owner, lease_until, *started_params, dt(now)],
@@ -938,15 +976,6 @@ class Done(NamedTuple):
     try_json: str | None = None
 
 
-# The successes of at-least-once rows are committed without waiting for the WAL flush
-# (``JobsSettings.LAZY_FLUSH_AT_LEAST_ONCE``): the setting lasts for the statement's own
-# transaction only. A database crash may lose the last such commits (PostgreSQL flushes
-# them within ``wal_writer_delay``, 3 times at most); their rows are then due again and
-# run again, which at least once allows. A later commit that waits for its flush flushes
-# every one before it: no later outcome outlives an earlier one.
-_FLUSH_LAZILY = ", set_config('synchronous_commit', 'off', true)"
-
-
 def _tries_after(tried: str, tries: str = "tries") -> str:
     """The ``tries`` column with the entry ``tried`` (SQL, a JSON text or NULL) appended."""
     return f"CASE WHEN {tried} IS NULL THEN {tries} ELSE {json_append(tries, tried)} END"
@@ -970,7 +999,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     ``clear_marks`` (fast lane, with ``count_as``): it also clears the poll's in-flight
     marks (``partitions_clear_inflight``), the last write of a poll.
     ``flush_lazily`` (with ``count_as``, at-least-once rows only): that statement, its own
-    transaction, commits without waiting for the WAL flush (``_FLUSH_LAZILY``).
+    transaction, commits without waiting for the WAL flush (``_flush_lazily``).
     """
     if not done:
         return 0
@@ -990,9 +1019,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         clear, clear_params = _clear_inflight(guard.token)
         counted += f", cleared AS ({clear} RETURNING 1)"
         count_params += clear_params
-    # Only where the statement is its own transaction: in a caller's, the setting would
-    # reach the caller's commit.
-    lazily = _FLUSH_LAZILY if flush_lazily and transaction.get_autocommit() else ""
+    lazily = _flush_lazily(flush_lazily)
     if lazily:
         assert count_as is not None, "one statement, so one transaction of its own"
     if not kept:

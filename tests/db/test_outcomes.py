@@ -126,26 +126,75 @@ def test_successes_of_one_target_are_written_in_one_statement_with_their_statist
     assert CompletedJob.objects.filter(target=name).count() == min(keep, 3)
 
 
+def _kind(sql: str) -> str:
+    """The lanes' statements a test of the lazy flush tells apart."""
+    for prefix, kind in (("WITH due", "poll"), ("WITH mark(", "mark"),
+                         ("WITH locked", "reserve")):
+        if sql.startswith(prefix):
+            return kind
+    return "write" if "DELETE FROM" in sql else "other"
+
+
+def _run_observing_flushes(run_once: Callable[[datetime], int], t0: datetime
+                           ) -> list[tuple[str, bool]]:
+    """Run a lane until idle; returns (kind, lazy) for every statement that wrote WAL,
+    lazy when its commit returned before the WAL it wrote was flushed. Observed on the
+    server, not read from the text: a lazy commit leaves the flush position behind the
+    insert position until the WAL writer's next round, a commit that waits never does.
+    SQLite has no WAL positions to read: every statement, lazy when its text asks."""
+    postgres = connection.vendor == "postgresql"
+    raw = connection.connection
+
+    def positions() -> tuple[int, int]:
+        if not postgres:
+            return 1, 1
+        row = raw.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0'), "
+                          "pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')").fetchone()
+        return int(row[0]), int(row[1])
+
+    seen: list[tuple[str, bool]] = []
+
+    def observe(execute: Any, sql: str, *args: Any) -> Any:
+        inserted_before, _ = positions()
+        try:
+            return execute(sql, *args)
+        finally:
+            inserted, flushed = positions()
+            if not postgres:
+                seen.append((_kind(sql), "synchronous_commit" in sql))
+            elif inserted > inserted_before:
+                seen.append((_kind(sql), flushed < inserted))
+
+    with connection.execute_wrapper(observe):
+        while run_once(t0):
+            pass
+    return seen
+
+
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
-@pytest.mark.parametrize(("lane", "mode", "setting", "lazy"), [
-    ("fast", DeliveryMode.AT_LEAST_ONCE, True, True),
-    ("long", DeliveryMode.AT_LEAST_ONCE, True, True),
-    ("fast", DeliveryMode.AT_MOST_ONCE, True, False),
-    ("long", DeliveryMode.AT_MOST_ONCE, True, False),
-    ("fast", DeliveryMode.AT_LEAST_ONCE, False, False),
+@pytest.mark.parametrize(("lane", "mode", "exclusive", "setting", "lazy"), [
+    ("fast", DeliveryMode.AT_LEAST_ONCE, False, True, {"poll", "write"}),
+    ("long", DeliveryMode.AT_LEAST_ONCE, False, True, {"reserve", "write"}),
+    ("long", DeliveryMode.AT_LEAST_ONCE, True, True, {"write"}),
+    ("fast", DeliveryMode.AT_MOST_ONCE, False, True, set()),
+    ("long", DeliveryMode.AT_MOST_ONCE, False, True, set()),
+    ("fast", DeliveryMode.AT_LEAST_ONCE, False, False, set()),
+    ("long", DeliveryMode.AT_LEAST_ONCE, False, False, set()),
 ])
-def test_a_write_of_at_least_once_successes_alone_commits_without_waiting_for_the_flush(
-        targets: Any, t0: datetime, lane: str, mode: DeliveryMode, setting: bool,
-        lazy: bool) -> None:
-    """PostgreSQL: the one statement that writes at-least-once successes turns the WAL
-    flush wait off for its own transaction, never for the session (the next at-most-once
-    mark must wait); at-most-once successes, and every write with the setting off, wait.
-    SQLite has no such statement: every write waits."""
+def test_at_least_once_marks_reserves_and_successes_commit_without_waiting_for_the_flush(
+        targets: Any, t0: datetime, lane: str, mode: DeliveryMode, exclusive: bool,
+        setting: bool, lazy: set[str]) -> None:
+    """The fast poll's mark, the long reserve and the write of successes of at-least-once
+    rows commit without waiting for their WAL flush, for their own transaction only (the
+    session's setting is untouched). Rows at most once, a reserve of an exclusive target's
+    rows (its running code must outlive a crash), any other statement, and every one with
+    the setting off, wait."""
     settings = dataclasses.replace(conf.jobs_settings(), LAZY_FLUSH_AT_LEAST_ONCE=setting)
-    name = f"oc.flush.{lane}.{mode.value}"
+    name = f"oc.flush.{lane}.{mode.value}.{exclusive}"
+    extra = {"exclusive": True} if exclusive else {}
     targets(name, handler=lambda job: None, lane=lane, delivery_mode=mode,
-            policy=JobPolicy(keep_completed=5))
-    ids = [enqueue(name, {"n": n}, run_at=t0).job_id for n in range(3)]
+            policy=JobPolicy(keep_completed=5), **extra)
+    ids = [enqueue(name, {"n": n}, run_at=t0, code=f"c{n}").job_id for n in range(3)]
     clock = FakeMonotonic()
     pauses = PauseGate("flush", settings)
     if lane == "long":
@@ -158,24 +207,44 @@ def test_a_write_of_at_least_once_successes_alone_commits_without_waiting_for_th
     postgres = connection.vendor == "postgresql"
     session_value = connection.cursor().execute("SHOW synchronous_commit").fetchone()[0] \
         if postgres else None
-    statements: list[str] = []
-
-    def capture(execute: Any, sql: str, *args: Any) -> Any:
-        statements.append(sql)
-        return execute(sql, *args)
-
-    with connection.execute_wrapper(capture):
-        while run_once(t0):
-            pass
+    seen = _run_observing_flushes(run_once, t0)
     assert not JobModel.objects.filter(id__in=ids).exists()
     assert CompletedJob.objects.filter(target=name).count() == 3
-    lazy_writes = [sql for sql in statements if "synchronous_commit" in sql]
-    assert bool(lazy_writes) is (lazy and postgres)
-    assert all(sql.startswith("WITH") and "DELETE FROM" in sql for sql in lazy_writes)
-    if postgres:  # the session's own setting is untouched
-        with connection.cursor() as cursor:
-            cursor.execute("SHOW synchronous_commit")
-            assert cursor.fetchone()[0] == session_value
+    if not postgres:  # SQLite: no statement asks
+        assert seen and not any(was_lazy for _, was_lazy in seen)
+        return
+    expected = {"poll", "write"} if lane == "fast" else {"reserve", "write"}
+    assert expected <= {kind for kind, _ in seen}
+    assert {kind for kind, was_lazy in seen if was_lazy} == lazy
+    assert all(was_lazy for kind, was_lazy in seen if kind in lazy)
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == session_value
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_polls_later_sends_mark_lazily_only_rows_at_least_once(
+        targets: Any, t0: datetime) -> None:
+    """A poll of three targets: its read marks the first target's rows, each later send
+    marks its own. The marks of at-least-once rows (targets a and c) commit lazily, the
+    at-most-once row's mark (target b), which a takeover judges, waits for its flush."""
+    settings = conf.jobs_settings()
+    for suffix, mode in (("a", DeliveryMode.AT_LEAST_ONCE), ("b", DeliveryMode.AT_MOST_ONCE),
+                         ("c", DeliveryMode.AT_LEAST_ONCE)):
+        targets(f"oc.marks.{suffix}", handler=lambda job: None, delivery_mode=mode)
+        enqueue(f"oc.marks.{suffix}", {"n": 1}, run_at=t0)
+    clock = FakeMonotonic()
+    leases = PartitionLeases("marks", settings, monotonic=clock)
+    fast = FastLane("marks", settings, leases, PauseGate("marks", settings), monotonic=clock)
+    store.partitions_seed(settings.PARTITIONS)
+    leases.heartbeat(t0)
+    seen = _run_observing_flushes(fast.run_once, t0)
+    marks = [was_lazy for kind, was_lazy in seen if kind in ("poll", "mark")]
+    if connection.vendor == "postgresql":
+        assert marks == [True, False, True]
+    else:  # SQLite: a read, then a mark per send, none lazy
+        assert marks == [False, False, False]
+    assert not JobModel.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -197,6 +266,12 @@ def test_a_write_inside_a_callers_transaction_never_turns_its_flush_wait_off(
         store.jobs_done(guard, [store.Done(job_id, 0, None, t0, 1.0)], t0, keep=0,
                         count_as=(t0, "ok") if store.writable_ctes() else None,
                         flush_lazily=store.writable_ctes())
+        reserved = store.jobs_long_reserve("caller", "caller-token", t0, 60, 10,
+                                           targets=["oc.flush.caller"], flush_lazily=True)
+        store.partitions_seed(8)
+        store.jobs_fast_poll(range(8), t0, {"oc.flush.caller": 10}, owner="caller",
+                             token="caller-token", flush_lazily=True)
+    assert [r.job.id for r in reserved] == [job_id]
     assert statements and not any("synchronous_commit" in sql for sql in statements)
 
 

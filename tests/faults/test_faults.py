@@ -16,8 +16,9 @@ fault in a poll's own statements are exercised.
 - (c) a Kafka broker stopped for 10 s while ``kafka:<topic>`` jobs are enqueued and sent;
 - (d) PostgreSQL stopped for twice the partition lease, then started again;
 - (e) PostgreSQL crashed twice (``pg_ctl stop -m immediate``, then crash recovery): what
-  was committed without waiting for its WAL flush (``LAZY_FLUSH_AT_LEAST_ONCE``, the writes
-  of at-least-once successes) may be undone, and those jobs must run again, in key order.
+  was committed without waiting for its WAL flush (``LAZY_FLUSH_AT_LEAST_ONCE``: the marks,
+  reserves and successes of at-least-once rows) may be undone, and those jobs must run
+  again, in key order.
 
 Sizes: a short form by default (the whole folder in about 3 minutes on 2 cores);
 ``JOBS_FAULTS_FULL=1`` runs the full ones (10,000 fast-lane jobs over 200 keys plus 200
