@@ -248,9 +248,10 @@ def test_a_polls_later_sends_mark_lazily_only_rows_at_least_once(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_write_inside_a_callers_transaction_never_turns_its_flush_wait_off(
+def test_no_statement_inside_a_callers_transaction_turns_its_flush_wait_off(
         targets: Any, t0: datetime) -> None:
-    """The setting would reach the caller's own commit: inside one, the write waits."""
+    """The setting would reach the caller's own commit: inside one, a write of successes,
+    a reserve and a poll's mark all wait."""
     targets("oc.flush.caller", handler=lambda job: None, lane="long",
             delivery_mode=DeliveryMode.AT_LEAST_ONCE)
     job_id = enqueue("oc.flush.caller", {"n": 1}, run_at=t0).job_id
