@@ -583,9 +583,9 @@ def jobs_fast_poll(
     With writable CTEs (PostgreSQL) one statement reads and marks, so a marked row is
     PENDING as read and no mark statement of its own (the largest fixed cost of a send,
     and of an idle worker's wake-up) is needed; otherwise the read is followed by the
-    guarded mark. ``flush_lazily``: a mark of at-least-once rows only commits without
-    waiting for its flush (``_flush_lazily``; a takeover leaves such rows PENDING, marked
-    or not).
+    guarded mark. ``flush_lazily`` (PostgreSQL): a mark of at-least-once rows only commits
+    without waiting for its flush (``_flush_lazily``; a takeover leaves such rows PENDING,
+    marked or not).
     """
     if not limits or not partitions:
         return FastPoll([])
@@ -602,9 +602,7 @@ def jobs_fast_poll(
             wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
         marked = partitions_mark_inflight_if_leased(
             owner, now, wanted, token,
-            [(job.partition, job.id, job.attempts) for job in send],  # type: ignore[misc]
-            flush_lazily=flush_lazily and all(
-                job.delivery_mode == _AT_LEAST_ONCE for job in send))
+            [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
         return FastPoll(due.jobs, due.probing, first,
                         {p: ids for p, ids in wanted.items() if p in marked})
     union, params = _fast_heads_sql(partitions, now, limits)
