@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -28,14 +29,27 @@ SBIN_PATH = "/usr/sbin:/sbin"  # runuser, for a root caller (as postgres.sh does
 
 
 def free_port(span: int = 1) -> int:
-    """A loopback port, and the ``span - 1`` after it, that nobody listens on now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port + span < 65536 and all(_port_free(port + i) for i in range(1, span)):
+    """A loopback port, and the ``span - 1`` after it, that nobody listens on now.
+
+    Picked below the kernel's ephemeral range: the scenarios stop a server and start it again
+    on the same port, and while it is down a port inside that range can become the local port
+    of any client's outgoing connection, which makes the restart fail with "address in use"."""
+    below = _ephemeral_range_start()
+    lowest = 10_000 if below - span > 10_000 else 1_024
+    for _ in range(200):
+        port = random.randrange(lowest, below - span)
+        if all(_port_free(port + i) for i in range(span)):
             return port
-    raise RuntimeError(f"no {span} free consecutive ports found")
+    raise RuntimeError(f"no {span} free consecutive ports found below {below}")
+
+
+def _ephemeral_range_start() -> int:
+    """The first port the kernel hands out to outgoing connections (Linux's default when it
+    does not say)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
 
 
 def _port_free(port: int) -> bool:
