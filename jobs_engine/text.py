@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections.abc import Callable
 from typing import Any
 
 # Most containers (objects, arrays) nested in a payload or in headers; a scalar is 0 deep,
@@ -19,10 +21,10 @@ from typing import Any
 # payload could never run its job. 100 is far inside all of them.
 MAX_PAYLOAD_DEPTH = 100
 
-# One encoder for every call (json.dumps with arguments builds a new one each time). Not
-# ASCII-escaped: PostgreSQL's jsonb gives text back unescaped too, and a lone surrogate
+# Not ASCII-escaped: PostgreSQL's jsonb gives text back unescaped too, and a lone surrogate
 # stays raw, for the UTF-8 encode to find.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_encoders = threading.local()
 NUL_PROBLEM = "contains a NUL character (\\x00), which PostgreSQL text cannot hold"
 SURROGATE_PROBLEM = "contains a lone surrogate (U+D800 to U+DFFF), which UTF-8 cannot encode"
 # The escape json.dumps writes for a NUL, not preceded by an odd run of backslashes: the
@@ -71,6 +73,25 @@ def _nested_deeper(text: str, limit: int) -> bool:
     return bool(brackets)
 
 
+def _encode(value: Any) -> str:
+    """``_ENCODER.encode(value)`` by the C encoder that ``encode`` would build at every call
+    (a third of a small payload's encode). One per thread: its markers, the ids the
+    circular-reference check is inside, belong to one call at a time, and a call that
+    raised leaves its ids behind, so that encoder is dropped."""
+    encoder: Callable[[Any, int], tuple[str, ...]] | None = getattr(_encoders, "encoder", None)
+    if encoder is None:
+        if json.encoder.c_make_encoder is None:  # an interpreter without the C module
+            return _ENCODER.encode(value)
+        encoder = _encoders.encoder = json.encoder.c_make_encoder(
+            {}, _ENCODER.default, json.encoder.encode_basestring, None,
+            _ENCODER.key_separator, _ENCODER.item_separator, False, False, False)
+    try:
+        return "".join(encoder(value, 0))
+    except BaseException:
+        _encoders.encoder = None
+        raise
+
+
 def json_text(value: Any, max_bytes: int | None = None) -> str:
     """``value`` as the JSON text to store; ``ValueError`` naming the problem if JSON,
     either database or a worker's decoder could not take it (callers name the field).
@@ -80,7 +101,7 @@ def json_text(value: Any, max_bytes: int | None = None) -> str:
     costs the C encoder and little more.
     """
     try:
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except RecursionError:  # far past the limit: the C encoder ran out of stack first
         raise ValueError(f"is nested more than MAX_PAYLOAD_DEPTH ({MAX_PAYLOAD_DEPTH}) deep"
                          ) from None

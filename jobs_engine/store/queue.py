@@ -78,6 +78,7 @@ __all__ = [
     "FLOW_STEP_KEY_PREFIX",
     "INSERT_JOBS_FUNCTION",
     "INSERT_NEW_JOBS_FUNCTION",
+    "INSERT_PAYLOADS_FUNCTION",
     "JOBS",
     "JOB_STATS",
     "JOB_STAT_SHARDS",
@@ -113,6 +114,7 @@ __all__ = [
     "jobs_hold_key_until",
     "jobs_ids_by_dedupe_key",
     "jobs_insert_many",
+    "jobs_insert_payloads",
     "jobs_long_mark_started",
     "jobs_long_next_due",
     "jobs_long_renew",
@@ -138,6 +140,7 @@ FLOW_STEPS = FlowStep._meta.db_table
 NOTIFY_CHANNEL = "jobs_engine"
 INSERT_JOBS_FUNCTION = "jobs_engine_insert_jobs"  # migration 0012
 INSERT_NEW_JOBS_FUNCTION = "jobs_engine_insert_new_jobs"  # migration 0013: keys all made here
+INSERT_PAYLOADS_FUNCTION = "jobs_engine_insert_payloads"  # migration 0014: payloads only
 # Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
 STATS_SHARDS = 64
 _SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
@@ -305,6 +308,22 @@ def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter:
     return {found[1]: found[0] for found in fetch_insert(
         f"SELECT job_id, job_dedupe_key FROM {function}(%s::jsonb)",
         [json_rows([_function_row(row) for row in rows])], using, plan_may_be_kept=True)}
+
+
+def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
+                         payloads_json: str, partitions: int, trace_id: str | None,
+                         actor: dict[str, Any] | None, using: str | None = None) -> list[int]:
+    """Insert one PENDING row per payload of ``payloads_json`` (a JSON array of them) with
+    every other column the target's or its default; the ids, in the payloads' order.
+
+    PostgreSQL only: the server makes each row's dedupe key, partition and, without
+    ``trace_id``, trace id (migration 0014), so a batch costs Python its payloads' encoding
+    and no more. The statement queues the lane's NOTIFY for the caller's commit."""
+    return [found[0] for found in fetch_insert(
+        f"SELECT * FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
+        [code, target, lane, delivery_mode, partitions, trace_id,
+         json_param(actor) if actor is not None else None, payloads_json],
+        using, plan_may_be_kept=True)]
 
 
 def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None

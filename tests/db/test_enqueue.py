@@ -6,6 +6,7 @@ no lossy send, a duplicate never aborts the caller's transaction, bad input writ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,7 @@ from jobs_engine import (
     text,
 )
 from jobs_engine.conf import JobsSettings
+from jobs_engine.conf import jobs_settings as current_settings
 from jobs_engine.context import RequestContextMiddleware, job_context
 from jobs_engine.enqueueing import partition_for
 from jobs_engine.job import Job as HandlerJob
@@ -413,9 +415,10 @@ def _prepared_inserts() -> list[str]:
         return []
     with connection.cursor() as cursor:
         cursor.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE %s "
-                       "OR statement LIKE %s OR statement LIKE %s",
+                       "OR statement LIKE %s OR statement LIKE %s OR statement LIKE %s",
                        [f"%INSERT INTO {Job._meta.db_table}%", f"%{store.INSERT_JOBS_FUNCTION}(%",
-                        f"%{store.INSERT_NEW_JOBS_FUNCTION}(%"])
+                        f"%{store.INSERT_NEW_JOBS_FUNCTION}(%",
+                        f"%{store.INSERT_PAYLOADS_FUNCTION}(%"])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -434,18 +437,23 @@ def prepared_statements_on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_an_insert_of_values_is_prepared_and_a_batch_with_keys_is_not(
         fast: Target, prepared_statements_on: None) -> None:
     """PostgreSQL, where the project allows prepared statements: a one-row enqueue and a
-    batch without keys, both a call of the insert function, are prepared on the caller's
-    connection; a batch with keys looks up each key's head, a plan that must follow the
-    table's size, so it is planned at every call. The rows are the same either way."""
+    batch of payloads, both a call of the payloads' insert function, and a batch without
+    keys, a call of the rows' one, are prepared on the caller's connection; a batch with
+    keys looks up each key's head, a plan that must follow the table's size, so it is
+    planned at every call. The rows are the same either way."""
     enqueue("t:fast", 1)
     enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
+    enqueue_many([{"target": "t:fast", "payload": i, "version": 1} for i in range(20)])
     enqueue_many([{"target": "t:fast", "payload": i, "key": f"k{i}"} for i in range(20)])
-    assert count_jobs() == 41
+    assert count_jobs() == 61
     assert sorted(Job.objects.filter(key__isnull=False).values_list("key", flat=True)) \
         == sorted(f"k{i}" for i in range(20))
     prepared = _prepared_inserts()
-    if is_postgres():  # one statement for both: the call of the insert function
-        assert len(prepared) == 1 and store.INSERT_NEW_JOBS_FUNCTION in prepared[0], prepared
+    if is_postgres():  # one statement per function
+        assert len(prepared) == 2, prepared
+        assert {store.INSERT_PAYLOADS_FUNCTION in prepared[0],
+                store.INSERT_PAYLOADS_FUNCTION in prepared[1]} == {True, False}, prepared
+        assert any(store.INSERT_NEW_JOBS_FUNCTION in text for text in prepared), prepared
         assert not any("h.next_run_at" in text for text in prepared), "the head's lookup"
 
 
@@ -467,7 +475,8 @@ def test_no_insert_is_prepared_where_a_transaction_pooler_may_be(
     for n in range(3):
         enqueue("t:fast", n)
         enqueue_many([{"target": "t:fast", "payload": i} for i in range(20)])
-    assert count_jobs() == 63
+        enqueue_many([{"target": "t:fast", "payload": i, "version": 1} for i in range(20)])
+    assert count_jobs() == 123
     assert _prepared_inserts() == []
 
 
@@ -517,6 +526,100 @@ def test_a_batch_stores_every_value_as_given(targets: Targets, now: datetime,
     assert (first.lane, first.trace_id, first.actor) == ("fast", "trace-1", {"user": "ä"})
     assert (second.payload, second.lane, second.priority, second.key) == (None, "long", -7, None)
     assert (third.payload, third.headers, third.version) == ([1.5, "x"], {}, 0)
+
+
+def _inserted_by_payloads_function(captured: CaptureQueriesContext) -> bool:
+    return any(store.INSERT_PAYLOADS_FUNCTION in q["sql"] for q in captured.captured_queries)
+
+
+@TRANSACTIONAL
+@pytest.mark.parametrize("lane", ["fast", "long"])
+@pytest.mark.parametrize("in_request", [True, False], ids=["in-a-request", "outside"])
+def test_a_batch_of_payloads_makes_the_rows_the_item_by_item_path_makes(
+        targets: Targets, lane: str, in_request: bool) -> None:
+    """A batch of one target's payloads and nothing else is one call of the payloads'
+    insert function on PostgreSQL, where the server makes what the items leave out. Its
+    rows are the rows the item-by-item path makes of the same payloads (an empty
+    ``headers`` sends them there), column by column but for the random ones: the
+    target's code, lane and delivery mode, version 0, no headers, due now, the request's
+    trace id and actor or a trace id of each row's own, a random dedupe key and the
+    partition ``partition_for`` gives it. Results come back in the items' order."""
+    targets("t:batch", lane=lane)
+    payloads = [{"i": i, "s": 'q"\\😀'} for i in range(30)] + [None, [1.5], "x"]
+    context = job_context("trace-3", {"user": "ä"}) if in_request else contextlib.nullcontext()
+    with context, CaptureQueriesContext(connection) as fast_captured:
+        fast = enqueue_many([{"target": "t:batch", "payload": p} for p in payloads])
+    with context, CaptureQueriesContext(connection) as item_captured:
+        item_by_item = enqueue_many([{"target": "t:batch", "payload": p, "headers": {}}
+                                     for p in payloads])
+    assert _inserted_by_payloads_function(fast_captured) == is_postgres()
+    assert not _inserted_by_payloads_function(item_captured)
+    assert all(r.inserted for r in fast + item_by_item)
+    random_or_timed = {"id", "dedupe_key", "trace_id", "partition", "payload", "next_run_at",
+                       "created_at", "updated_at"}
+    fields = [f.attname for f in Job._meta.concrete_fields if f.attname not in random_or_timed]
+    assert {"code", "lane", "version", "headers", "delivery_mode", "actor"} <= set(fields)
+    rows = {row.id: row for row in Job.objects.all()}
+    for number, (mine, theirs) in enumerate(zip(fast, item_by_item, strict=True)):
+        row, other = rows[mine.job_id], rows[theirs.job_id]
+        assert row.payload == payloads[number]
+        assert [getattr(row, f) for f in fields] == [getattr(other, f) for f in fields]
+        assert row.next_run_at == row.created_at == row.updated_at
+        assert re.fullmatch("[0-9a-f]{32}", row.dedupe_key), row.dedupe_key
+        assert row.partition == partition_for(None, row.dedupe_key, current_settings().PARTITIONS)
+        if in_request:
+            assert row.trace_id == other.trace_id == "trace-3"
+        else:
+            assert re.fullmatch("[0-9a-f]{32}", row.trace_id), row.trace_id
+    made = [rows[r.job_id] for r in fast]
+    assert len({row.dedupe_key for row in made}) == len(payloads)
+    assert len({row.partition for row in made}) > 1, "partitions spread"
+    if not in_request:
+        assert len({row.trace_id for row in made}) == len(payloads)
+
+
+@TRANSACTIONAL
+@pytest.mark.parametrize(("items", "by_function"), [
+    ([{"target": "t:fast", "payload": 1}, {"target": "t:fast"}], True),
+    ([{"target": "t:fast", "payload": 1, "code": None, "key": None, "version": None,
+       "dedupe_key": None, "headers": None, "run_at": None, "priority": 0}], True),
+    ([{"target": "t:fast", "payload": 1}, {"target": "t:long", "payload": 2}], False),
+    ([{"target": "t:fast", "payload": 1}, {"target": "t:fast", "payload": 2, "key": "k"}],
+     False),
+    ([{"target": "t:fast", "payload": 1, "priority": False}], False),
+    ([{"target": "t:fast", "payload": 1, "version": 0}], False),
+], ids=["payloads", "arguments-at-defaults", "two-targets", "a-key", "priority-false",
+        "version-given"])
+def test_only_a_batch_of_one_targets_payloads_takes_the_payloads_function(
+        targets: Targets, items: list[dict[str, Any]], by_function: bool) -> None:
+    """Any argument besides the payload, even one that changes nothing, sends the batch
+    item by item, where it is checked as before; the rows are stored either way."""
+    targets("t:fast")
+    targets("t:long", lane="long")
+    with CaptureQueriesContext(connection) as captured:
+        results = enqueue_many(items)
+    assert _inserted_by_payloads_function(captured) == (by_function and is_postgres())
+    assert all(r.inserted for r in results) and count_jobs() == len(items)
+
+
+@pytest.mark.django_db
+def test_a_batch_of_payloads_is_still_checked_and_writes_nothing_when_one_is_bad(
+        fast: Target, lossy: Target) -> None:
+    """The item-by-item path's errors, on the payloads' path too: an unknown argument left
+    at None, an unknown target, a bad payload in the middle; and a lossy target's batch
+    is still handed off after the commit, never inserted."""
+    with pytest.raises(InvalidJob) as info:
+        enqueue_many([{"target": "t:fast", "payload": 1}, {"target": "t:fast", "paylaod": None}])
+    assert info.value.field == "paylaod"
+    with pytest.raises(UnknownTarget):
+        enqueue_many([{"target": "t:nope", "payload": 1}])
+    with pytest.raises(InvalidJob) as info:
+        enqueue_many([{"target": "t:fast", "payload": 1}, {"target": "t:fast", "payload": {1, 2}},
+                      {"target": "t:fast", "payload": 3}])
+    assert info.value.field == "payload"
+    assert count_jobs() == 0
+    results = enqueue_many([{"target": "t:lossy", "payload": 1}])
+    assert results[0].lossy and count_jobs() == 0
 
 
 @TRANSACTIONAL
@@ -944,11 +1047,67 @@ def test_text_checks_agree_with_the_value(value: Any) -> None:
         else:
             expected = None
         if expected is None:
-            assert json.loads(enqueueing._json_text("payload", value)) == value
+            written = enqueueing._json_text("payload", value)
+            assert json.loads(written) == value
+            assert written == text._ENCODER.encode(value)  # the C encoder, called directly
         else:
             with pytest.raises(InvalidJob) as info:
                 enqueueing._json_text("payload", value)
             assert (info.value.field, info.value.problem) == ("payload", expected)
+
+
+def test_a_payload_that_failed_to_encode_leaves_no_trace_on_the_next() -> None:
+    """The encoder kept between calls remembers the containers it is inside, to refuse a
+    circular payload; one that raised midway must not make the next call of the thread see
+    a circle that is not there."""
+    items: list[Any] = [1, NotJson()]
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
+        text.json_text(items)
+    items[1] = 2
+    assert text.json_text(items) == "[1,2]"
+    items[1] = items
+    with pytest.raises(ValueError, match="Circular reference"):
+        text.json_text(items)
+    items[1] = {"x": [3]}
+    assert text.json_text(items) == '[1,{"x":[3]}]'
+
+
+class ItemsWaitInAThread(dict):
+    """A mapping whose ``items`` (the encoder calls it for a dict subclass) holds the
+    encode of any thread but the main one until ``release`` is set."""
+
+    inside = threading.Event()
+    release = threading.Event()
+
+    def items(self) -> Any:
+        if threading.current_thread() is not threading.main_thread():
+            self.inside.set()
+            self.release.wait(10)
+        return super().items()
+
+
+def test_two_threads_encoding_the_same_payload_at_once_both_succeed() -> None:
+    """A payload shared by concurrent requests (a module's constant, say) is encoded by
+    each thread's own encoder: a shared one would take the other thread's visit, still in
+    progress, for a circle."""
+    shared = ItemsWaitInAThread(order=[1, 2])
+    other: list[str | BaseException] = []
+
+    def encode() -> None:
+        try:
+            other.append(text.json_text(shared))
+        except BaseException as exc:  # reported by the main thread
+            other.append(exc)
+
+    thread = threading.Thread(target=encode)
+    thread.start()
+    try:
+        assert shared.inside.wait(10)  # the thread is inside the encode of ``shared``
+        assert text.json_text(shared) == '{"order":[1,2]}'
+    finally:
+        shared.release.set()
+        thread.join()
+    assert other == ['{"order":[1,2]}']
 
 
 # Text that is valid and must come back unchanged: astral characters, a literal backslash

@@ -1,0 +1,64 @@
+"""The enqueue's insert of a batch that is payloads of one target and nothing else, as a
+PL/pgSQL function (PostgreSQL 13 or later: ``gen_random_uuid``).
+
+Every other column of such a batch is the target's or a default, and its dedupe keys and
+trace ids are random, so the server makes them: Python encodes the payloads and nothing
+per row (E100 +18% against ``jobs_engine_insert_new_jobs``, same process, alternated). A
+dedupe key is a random UUID's 32 hex digits (122 random bits); the partition is the first
+4 bytes of the key's md5 modulo ``partitions``, which ``enqueueing.partition_for`` also
+computes for a row without a key. A row gets its own random trace id unless the call
+gives one (a request's). The ids come back in the payloads' order: the rows are inserted
+in that order and take ascending ids from the sequence.
+"""
+
+from django.db import migrations
+
+INSERT_PAYLOADS = """
+CREATE OR REPLACE FUNCTION jobs_engine_insert_payloads(
+    p_code text, p_target text, p_lane text, p_delivery_mode text, p_partitions integer,
+    p_trace_id text, p_actor jsonb, payloads jsonb)
+RETURNS SETOF bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- The subquery's volatile key keeps it a subquery: one key per row, not per call.
+    RETURN QUERY WITH inserted AS (
+        INSERT INTO jobs_engine_job AS j (code, target, lane, partition, version, payload,
+            headers, dedupe_key, status, delivery_mode, attempts, next_run_at, last_error,
+            trace_id, actor, priority, created_at, updated_at)
+        SELECT p_code, p_target, p_lane,
+            mod(('x' || substr(md5(r.dedupe_key), 1, 8))::bit(32)::bigint, p_partitions)::smallint,
+            0, r.payload, '{}', r.dedupe_key, 'PENDING', p_delivery_mode, 0, now(), '',
+            COALESCE(p_trace_id, replace(gen_random_uuid()::text, '-', '')), p_actor, 0,
+            now(), now()
+        FROM (SELECT e.payload, e.n, replace(gen_random_uuid()::text, '-', '') AS dedupe_key
+              FROM jsonb_array_elements(payloads) WITH ORDINALITY AS e(payload, n)) AS r
+        ORDER BY r.n
+        RETURNING j.id)
+    SELECT inserted.id FROM inserted ORDER BY inserted.id;
+    -- Delivered when the caller's transaction commits.
+    PERFORM pg_notify('jobs_engine', p_lane);
+END
+$$
+"""
+
+
+def create(apps, schema_editor):  # noqa: ARG001
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(INSERT_PAYLOADS)
+
+
+def drop(apps, schema_editor):  # noqa: ARG001
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute("DROP FUNCTION IF EXISTS jobs_engine_insert_payloads("
+                              "text, text, text, text, integer, text, jsonb, jsonb)")
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("jobs_engine", "0013_insert_new_jobs_function"),
+    ]
+
+    operations = [
+        migrations.RunPython(create, drop),
+    ]
