@@ -219,7 +219,7 @@ class NewJob(NamedTuple):
     actor: dict[str, Any] | None
     run_at: datetime | None
     priority: int = 0
-    # False when enqueue made the dedupe key (128 random bits): no stored row can have it.
+    # False when enqueue made the dedupe key (``random_keys``): no stored row can have it.
     dedupe_key_given: bool = True
 
 
