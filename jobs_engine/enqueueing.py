@@ -38,13 +38,8 @@ class EnqueueResult:
 
 
 def partition_for(key: str | None, dedupe_key: str, partitions: int) -> int:
-    """A stable partition: md5, not ``hash()``, whose seed changes per process. Of a key,
-    its first 8 bytes; of the dedupe key of a row without one, its first 4, which the
-    server computes the same way for a batch of payloads (migration 0014)."""
-    if key is None:
-        digest = hashlib.md5(dedupe_key.encode(), usedforsecurity=False).digest()
-        return int.from_bytes(digest[:4], "big") % partitions
-    digest = hashlib.md5(key.encode(), usedforsecurity=False).digest()
+    """A stable partition: md5, not ``hash()``, whose seed changes per process."""
+    digest = hashlib.md5((key or dedupe_key).encode(), usedforsecurity=False).digest()
     return int.from_bytes(digest[:8], "big") % partitions
 
 

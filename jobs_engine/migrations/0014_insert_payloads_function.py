@@ -4,8 +4,9 @@ PL/pgSQL function (PostgreSQL 13 or later: ``gen_random_uuid``).
 Every other column of such a batch is the target's or a default, and its dedupe keys and
 trace ids are made by the engine, so the server makes them: Python encodes the payloads
 and nothing per row. A made key is ``enqueueing.random_keys``' kind: 24 hex digits drawn
-once per call, then the row's number in 8. The ids come back in the payloads' order: the
-rows are inserted in that order and take ascending ids from the sequence.
+once per call, then the row's number in 8. The rows take consecutive partitions from a
+random one. The ids come back in the payloads' order: the rows are inserted in that order
+and take ascending ids from the sequence.
 """
 
 from django.db import migrations
@@ -21,13 +22,16 @@ DECLARE
     -- row's number: one draw per call, and a batch's keys are neighbours in the index.
     key_prefix text := substr(md5(gen_random_uuid()::text), 1, 24);
     trace_prefix text := substr(md5(gen_random_uuid()::text), 1, 24);
+    -- Rows without a key keep no order: the batch's go round the partitions from a
+    -- random one, evenly, without an md5 per row.
+    first_partition integer := floor(random() * p_partitions);
 BEGIN
     RETURN QUERY WITH inserted AS (
         INSERT INTO jobs_engine_job AS j (code, target, lane, partition, version, payload,
             headers, dedupe_key, status, delivery_mode, attempts, next_run_at, last_error,
             trace_id, actor, priority, created_at, updated_at)
         SELECT p_code, p_target, p_lane,
-            mod(('x' || substr(md5(r.dedupe_key), 1, 8))::bit(32)::bigint, p_partitions)::smallint,
+            mod(first_partition + r.n, p_partitions)::smallint,
             0, r.payload, '{}', r.dedupe_key, 'PENDING', p_delivery_mode, 0, now(), '',
             COALESCE(p_trace_id, trace_prefix || r.number), p_actor, 0, now(), now()
         FROM (SELECT e.payload, e.n, lpad(to_hex(e.n), 8, '0') AS number,

@@ -85,10 +85,22 @@ def _write(event: str, job: Job, partition: int, owner: str | None) -> None:
 
 
 def _partition(job: Job) -> int:
+    """A key's partition; the stored one of a row without a key (a batch of payloads
+    spreads its rows round the partitions), -1 where the handler must not read it."""
+    from django.db import connection
+
     from jobs_engine.conf import jobs_settings
     from jobs_engine.enqueueing import partition_for
+    from jobs_engine.models import Job as JobRow
 
-    return partition_for(job.key, job.dedupe_key, jobs_settings().PARTITIONS)
+    if job.key is not None:
+        return partition_for(job.key, job.dedupe_key, jobs_settings().PARTITIONS)
+    if os.environ.get(NO_DATABASE_ENV):
+        return -1
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT partition FROM {JobRow._meta.db_table} WHERE id = %s", [job.id])
+        row = cursor.fetchone()
+    return row[0] if row else -1
 
 
 def _owner(partition: int) -> str | None:
