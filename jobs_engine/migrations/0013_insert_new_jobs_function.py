@@ -2,11 +2,12 @@
 (PostgreSQL only).
 
 A dedupe key the engine makes is random (``enqueueing.random_keys``), so it matches no
-stored row and no other row of the batch: such rows need no ``ON CONFLICT`` arbiter. Without one PostgreSQL inserts
-each row once instead of checking the unique index, inserting speculatively and confirming
-(a 100-row insert: ~1.6 -> ~1.4 ms on the server; E100 +5%, A/B of 15 alternated runs). A
-batch with any key given by the caller still goes through ``jobs_engine_insert_jobs``
-(migration 0012). The rows are the same JSON array of arrays, in the same order.
+stored row and no other row of the batch: such rows need no ``ON CONFLICT`` arbiter.
+Without one PostgreSQL inserts each row once instead of checking the unique index,
+inserting speculatively and confirming (a 100-row insert: ~1.6 -> ~1.4 ms on the server;
+E100 +5%, A/B of 15 alternated runs). A batch with any key given by the caller still goes
+through ``jobs_engine_insert_jobs`` (migration 0012). The rows are the same JSON array of
+arrays, in the same order.
 """
 
 from django.db import migrations

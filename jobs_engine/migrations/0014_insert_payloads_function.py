@@ -32,10 +32,9 @@ BEGIN
             trace_id, actor, priority, created_at, updated_at)
         SELECT p_code, p_target, p_lane,
             mod(first_partition + r.n, p_partitions)::smallint,
-            0, r.payload, '{}', r.dedupe_key, 'PENDING', p_delivery_mode, 0, now(), '',
-            COALESCE(p_trace_id, trace_prefix || r.number), p_actor, 0, now(), now()
-        FROM (SELECT e.payload, e.n, lpad(to_hex(e.n), 8, '0') AS number,
-                     key_prefix || lpad(to_hex(e.n), 8, '0') AS dedupe_key
+            0, r.payload, '{}', key_prefix || r.number, 'PENDING', p_delivery_mode, 0, now(),
+            '', COALESCE(p_trace_id, trace_prefix || r.number), p_actor, 0, now(), now()
+        FROM (SELECT e.payload, e.n, lpad(to_hex(e.n), 8, '0') AS number
               FROM jsonb_array_elements(payloads) WITH ORDINALITY AS e(payload, n)) AS r
         ORDER BY r.n
         RETURNING j.id)
