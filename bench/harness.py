@@ -140,14 +140,20 @@ def analyze() -> None:
     sql(f"ANALYZE {store.JOBS}")
 
 
-def enqueue_rate(target: str, n: int) -> float:
-    """E100: ``n`` jobs of ``target`` enqueued 100 per transaction; jobs per second."""
+E100_KEYS = 1_000  # the keyed E100: each job one of this many keys
+
+
+def enqueue_rate(target: str, n: int, keys: int = 0) -> float:
+    """E100: ``n`` jobs of ``target`` enqueued 100 per transaction; jobs per second. With
+    ``keys``, each job has one of that many keys, as events of business objects do."""
     batches = n // 100
+    keyed = [{"key": f"k{i}"} for i in range(keys)]
     started = time.perf_counter()
     for b in range(batches):
         with transaction.atomic():
-            enqueue_many([{"target": target, "payload": payload(b * 100 + j)}
-                          for j in range(100)])
+            enqueue_many([{"target": target, "payload": payload(i),
+                           **(keyed[i % keys] if keys else {})}
+                          for i in range(b * 100, b * 100 + 100)])
     elapsed = time.perf_counter() - started
     stored = remaining()
     if stored != batches * 100:

@@ -21,7 +21,7 @@ from django.db import connection
 
 from bench import targets
 from bench import tasks as tasks_phase
-from bench.harness import KAFKA_PARTITIONS, Options, shown, sql
+from bench.harness import E100_KEYS, KAFKA_PARTITIONS, Options, shown, sql
 from jobs_engine import store
 from jobs_engine.tasks import TASKS_POLICY
 
@@ -46,6 +46,7 @@ def rows_for(o: Options) -> list[Row]:
             lambda v: v >= 10_000, "≥ 20,000",
             "raw psycopg 41,660; django-q2 Redis 4,615; Procrastinate 4,611; django-q2 ORM "
             "2,117; Celery 1,872; django-tasks-db 1,705"),
+        Row("e100_keyed", f"E100 keyed: the same, each job one of {E100_KEYS:,} keys", "jobs/s"),
         Row("e100_raw", "  E100 raw psycopg, same session (reference limit)", "jobs/s",
             peers="raw psycopg 41,660"),
         Row("e1", f"E1: {o.e1_n:,} jobs, enqueue per call, autocommit", "jobs/s", "", None,

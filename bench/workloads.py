@@ -37,6 +37,7 @@ from bench import targets
 from bench.baselines import raw_drain, raw_e1, raw_e100, raw_kafka
 from bench.flows import phase_flows
 from bench.harness import (
+    E100_KEYS,
     DrainWatch,
     Metrics,
     Options,
@@ -76,6 +77,8 @@ from jobs_engine.lanes.pauses import PauseGate
 def phase_e100(o: Options) -> Metrics:
     reset()
     out = {"e100": enqueue_rate(targets.AT_MOST_ONCE, o.e100_n)}
+    reset()
+    out["e100_keyed"] = enqueue_rate(targets.AT_MOST_ONCE, o.e100_n, keys=E100_KEYS)
     if store.is_postgres():
         out["e100_raw"] = raw_e100(o.e100_n)
     return out

@@ -76,9 +76,8 @@ __all__ = [
     "FLOWS",
     "FLOW_STEPS",
     "FLOW_STEP_KEY_PREFIX",
-    "INSERT_JOBS_FUNCTION",
-    "INSERT_NEW_JOBS_FUNCTION",
     "INSERT_PAYLOADS_FUNCTION",
+    "INSERT_ROWS_FUNCTION",
     "JOBS",
     "JOB_STATS",
     "JOB_STAT_SHARDS",
@@ -138,8 +137,7 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-INSERT_JOBS_FUNCTION = "jobs_engine_insert_jobs"  # migration 0012
-INSERT_NEW_JOBS_FUNCTION = "jobs_engine_insert_new_jobs"  # migration 0013: keys all made here
+INSERT_ROWS_FUNCTION = "jobs_engine_insert_rows"  # migration 0015
 INSERT_PAYLOADS_FUNCTION = "jobs_engine_insert_payloads"  # migration 0014: payloads only
 # Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
 STATS_SHARDS = 64
@@ -239,38 +237,52 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     the caller's transaction commits (``notify_returning``). A new row of a key whose head
     waits for a retry starts at the head's run time: it is held until then anyway, and
     keeping held rows out of the due range keeps the fast poll's cost flat. Rows without a
-    key skip that lookup, and on PostgreSQL go through a function (migrations 0012 and
-    0013), whose plan the session keeps. A batch whose dedupe keys were all made by
-    enqueue inserts without ``ON CONFLICT``: random keys conflict with nothing, and the
-    arbiter's check, speculative insert and confirmation were an eighth of the insert.
+    key skip that lookup. On PostgreSQL the rows go through a function (migration 0015),
+    whose plan the session keeps. A batch whose dedupe keys were all made by enqueue
+    inserts without ``ON CONFLICT``: random keys conflict with nothing, and the arbiter's
+    check, speculative insert and confirmation were an eighth of the insert.
     """
     if not rows:
         return {}
-    keyed = any(row.key is not None for row in rows)
     arbiter = any(row.dedupe_key_given for row in rows)
-    if not keyed and is_postgres(using):
+    if is_postgres(using):
         return _jobs_insert_by_function(rows, using, arbiter)
-    source, params = table(
-        [(row.code, row.target, row.lane, row.key, row.partition, row.version,
-          row.payload_json, json_param(row.headers) if row.headers else "{}",
-          row.dedupe_key, row.delivery_mode, dt(row.run_at, using), row.trace_id,
-          json_param(row.actor) if row.actor is not None else None, row.priority)
-         for row in rows],
-        _INSERT_TYPES, using=using, arrays_from=1, as_json=True)  # one text for every size
+    keyed = any(row.key is not None for row in rows)
+    source, params = table([_row_values(row, dt(row.run_at, using)) for row in rows],
+                           _INSERT_TYPES, using=using, arrays_from=1, as_json=True)
     stamp_params = clock_params(now, using)
-    # On PostgreSQL only rows with keys come here. Their heads' lookup is planned at each
-    # call: a plan kept from a near-empty table would scan it whole for every keyed row
-    # once it has grown.
     return {row[1]: row[0] for row in fetch_insert(
         f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
         + _insert_many_sql(using, keyed, arbiter),
         [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=False)}
 
 
+def _row_values(row: NewJob, run_at: Any) -> tuple[Any, ...]:
+    """A row's values in ``_INSERT_COLUMNS``' order, the order of migration 0015's function
+    too, with ``run_at`` as the backend takes it."""
+    return (row.code, row.target, row.lane, row.key, row.partition, row.version,
+            row.payload_json, json_param(row.headers) if row.headers else "{}",
+            row.dedupe_key, row.delivery_mode, run_at, row.trace_id,
+            json_param(row.actor) if row.actor is not None else None, row.priority)
+
+
+def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter: bool
+                             ) -> dict[str, int]:
+    """``jobs_insert_many`` on PostgreSQL: one call of a function, the rows one JSON text;
+    with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every dedupe key, without. Its
+    insert, each key's head lookup included, is planned once per session, prepared
+    statements or not (migration 0015); the call itself is prepared where the connection
+    allows it."""
+    return {found[1]: found[0] for found in fetch_insert(
+        f"SELECT job_id, job_dedupe_key FROM {INSERT_ROWS_FUNCTION}(%s::jsonb, %s)",
+        [json_rows([_row_values(row, row.run_at) for row in rows]), arbiter], using,
+        plan_may_be_kept=True)}
+
+
 @lru_cache(maxsize=8)
 def _insert_many_sql(using: str | None, keyed: bool, arbiter: bool) -> str:
-    """``jobs_insert_many``'s statement after its rows' source, the same at every call of
-    a database: made once, only its parameters change between calls."""
+    """``jobs_insert_many``'s statement on SQLite after its rows' source, the same at
+    every call of a database: made once, only its parameters change between calls."""
     stamp = clock_text(using)
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{_PENDING}' "
                    "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
@@ -287,27 +299,6 @@ def _insert_many_sql(using: str | None, keyed: bool, arbiter: bool) -> str:
         f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
         + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key"
         + notify_returning(NOTIFY_CHANNEL, using))
-
-
-def _function_row(row: NewJob) -> tuple[Any, ...]:
-    """A row as ``jobs_engine_insert_jobs`` reads it (``rows->n``): its order is the
-    function's, in migration 0012."""
-    return (row.code, row.target, row.lane, row.partition, row.version, row.payload_json,
-            json_param(row.headers) if row.headers else "{}", row.dedupe_key,
-            row.delivery_mode, row.run_at, row.trace_id,
-            json_param(row.actor) if row.actor is not None else None, row.priority)
-
-
-def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter: bool
-                             ) -> dict[str, int]:
-    """``jobs_insert_many`` of rows without a key on PostgreSQL: one call of a function, the
-    rows one JSON text; with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every
-    dedupe key, without. Its insert is planned once per session, prepared statements or
-    not (migrations 0012, 0013); the call itself is prepared where the connection allows it."""
-    function = INSERT_JOBS_FUNCTION if arbiter else INSERT_NEW_JOBS_FUNCTION
-    return {found[1]: found[0] for found in fetch_insert(
-        f"SELECT job_id, job_dedupe_key FROM {function}(%s::jsonb)",
-        [json_rows([_function_row(row) for row in rows])], using, plan_may_be_kept=True)}
 
 
 def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
