@@ -364,16 +364,6 @@ def skip_locked() -> str:
     return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
 
 
-def notify_returning(channel: str, using: str | None = None) -> str:
-    """The end of an ``INSERT ... RETURNING id, dedupe_key``: on PostgreSQL one NOTIFY per
-    row inserted, delivered when the caller's transaction commits, folded by PostgreSQL
-    into one per lane (identical notifications of a transaction are sent once). SQLite
-    workers poll. A row left out by ``ON CONFLICT DO NOTHING`` notifies nothing. In the
-    returned list rather than a CTE that notified once per lane: the CTE made the database
-    parse and plan a third more, for a one-row enqueue 1,890 jobs/s against 2,500."""
-    return f", pg_notify('{channel}', lane)" if is_postgres(using) else ""
-
-
 def json_array_has(array_column: str, value_column: str) -> str:
     """SQL true when the JSON array in ``array_column`` holds ``value_column``."""
     if is_postgres():

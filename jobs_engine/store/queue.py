@@ -54,7 +54,6 @@ from jobs_engine.store.dialect import (
     json_param,
     json_rows,
     jsonb,
-    notify_returning,
     planned_rows,
     read_dt,
     read_json,
@@ -234,7 +233,7 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
 
     ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the caller's
     transaction. On PostgreSQL the statement also queues a NOTIFY per lane, delivered when
-    the caller's transaction commits (``notify_returning``). A new row of a key whose head
+    the caller's transaction commits. A new row of a key whose head
     waits for a retry starts at the head's run time: it is held until then anyway, and
     keeping held rows out of the due range keeps the fast poll's cost flat. Rows without a
     key skip that lookup. On PostgreSQL the rows go through a function (migration 0015),
@@ -251,10 +250,10 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     source, params = table([_row_values(row, dt(row.run_at, using)) for row in rows],
                            _INSERT_TYPES, using=using, arrays_from=1, as_json=True)
     stamp_params = clock_params(now, using)
-    return {row[1]: row[0] for row in fetch_insert(
+    return {row[1]: row[0] for row in fetch(
         f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
         + _insert_many_sql(using, keyed, arbiter),
-        [*params, *stamp_params, *stamp_params], using, plan_may_be_kept=False)}
+        [*params, *stamp_params, *stamp_params], using)}
 
 
 def _row_values(row: NewJob, run_at: Any) -> tuple[Any, ...]:
@@ -297,8 +296,7 @@ def _insert_many_sql(using: str | None, keyed: bool, arbiter: bool) -> str:
         f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
         f"{next_run_at}, '', trace_id, "
         f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
-        + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key"
-        + notify_returning(NOTIFY_CHANNEL, using))
+        + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key")
 
 
 def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
