@@ -464,9 +464,9 @@ def test_the_head_lookup_takes_the_key_order_index_at_any_size(
     """A new row of a key whose head waits is born at the head's run time, in a batch too.
     On PostgreSQL the insert function looks the head up with a plan made once per session,
     perhaps while the table is empty: then the cheapest way to a head took another index,
-    filtered and sorted, and kept doing so once the table had grown (a 100-row keyed insert
-    into 20,000 rows: 6 -> 135 ms). Under the function's own settings the lookup, as a
-    generic plan on the table analysed empty, takes the key-order index and sorts nothing."""
+    filtered and sorted, and kept doing so once the table had grown (docs/design.md#enqueue).
+    Under the function's own settings the lookup, as a generic plan on the table analysed
+    empty, takes the key-order index and sorts nothing."""
     later = now + timedelta(hours=1)
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {store.JOBS}")  # empty, and known to be
@@ -701,8 +701,8 @@ def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
         targets: Targets, key: str | None) -> None:
     """A dedupe key that enqueue makes is 128 random bits and can match no stored row, so a
     batch of only such keys inserts without ``ON CONFLICT`` (on PostgreSQL the function of
-    migration 0015 is told so). One key given by
-    the caller brings the arbiter back for its batch: a duplicate still inserts nothing."""
+    migration 0015 is told so). One key given by the caller brings the arbiter back for its
+    batch: a duplicate still inserts nothing."""
     targets("t:fast")
     targets("t:long", lane="long")
     items = [{"target": "t:fast", "payload": {"i": 1}, "key": key, "version": 3,
