@@ -23,7 +23,7 @@ from unittest import mock
 import psycopg
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, connections, transaction
+from django.db import ProgrammingError, connection, connections, transaction
 from django.http import HttpRequest, HttpResponse
 from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
@@ -501,6 +501,26 @@ def test_the_head_lookup_takes_the_key_order_index_at_any_size(
         finally:
             cursor.execute("DEALLOCATE head_lookup")
     assert "jobs_pending_key_order" in plan and "Sort" not in plan, plan
+
+
+@pytest.mark.django_db
+def test_without_the_insert_function_a_keyed_enqueue_fails_and_writes_nothing(
+        fast: Target) -> None:
+    """A process of this release whose database lacks migration 0015 (the upgrade note
+    says to migrate first) must not insert its rows the way an older function would,
+    without their keys: the enqueue raises, naming the missing function, and writes
+    nothing. On SQLite there is no function; the keyed enqueue is the statement itself."""
+    assert enqueue("t:fast", 1, key="k").inserted
+    if not is_postgres():
+        assert count_jobs() == 1
+        return
+    with pytest.raises(ProgrammingError, match=store.INSERT_ROWS_FUNCTION), \
+            transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP FUNCTION {store.INSERT_ROWS_FUNCTION}(jsonb, boolean)")
+        enqueue_many([{"target": "t:fast", "payload": i, "key": "k"} for i in range(3)])
+    assert count_jobs() == 1  # the drop rolled back with the failed enqueue
+    assert enqueue("t:fast", 2, key="k").inserted
 
 
 @TRANSACTIONAL
