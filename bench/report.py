@@ -142,6 +142,8 @@ def rows_for(o: Options) -> list[Row]:
             "produce all then flush, same session", "jobs/s"),
         Row("kafka_raw:100", "  Kafka raw Producer, flush every 100 (the target's send "
             "protocol without the database), same session", "jobs/s"),
+        Row("kafka_database_part", "  The same rows into a no-op batch handler of the Kafka "
+            "targets' BATCH_SIZE, 1 worker (the database's part of the chain alone)", "jobs/s"),
     ]
     for kind in targets.KAFKA_TOPICS:
         for count in (1, 3):
@@ -149,6 +151,9 @@ def rows_for(o: Options) -> list[Row]:
                 f"kafka_ratio:{kind}:{count}", f"Kafka ratio fast lane / raw producer, {kind}, "
                 f"{workers[count]}", "x", "≥ 0.25x" if count == 1 else "",
                 (lambda v: v >= 0.25) if count == 1 else None))
+    rows.append(Row("kafka_ratio:database_part", "Kafka ratio no-op batch handler (the "
+                    "database's part alone) / raw producer, 1 worker: the most a worker "
+                    "could reach", "x"))
     return rows
 
 

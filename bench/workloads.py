@@ -326,12 +326,21 @@ def phase_kafka(o: Options) -> Metrics:
             print(f"    kafka {kind} {count}w: {r['rate']:,.0f} jobs/s (drain {r['drain_s']:.2f}s, "
                   f"start-up {r['startup_s']:.2f}s, dead {r['dead']}, records appended "
                   f"{appended:,})", flush=True)
+    # The same rows into a no-op batch handler: what the database's part of the chain
+    # allows, with a broker that would cost nothing (at most once, as ``bench.kafka``).
+    r = drain(o, "run_fast_lane", targets.KAFKA_DATABASE_PART, o.kafka_n, 1,
+              "kafka-database-part-1w", lambda: partitions_balanced(1), env=env,
+              filler=lambda: kafka_fill(targets.KAFKA_DATABASE_PART, o.kafka_n, o.kafka_keys))
+    out["kafka_database_part"] = r["rate"]
+    print(f"    the same rows into a no-op batch handler, 1w: {r['rate']:,.0f} jobs/s "
+          f"(drain {r['drain_s']:.2f}s, dead {r['dead']})", flush=True)
     topic = targets.kafka_topic("at-most-once")
     out["kafka_raw"] = raw_kafka(broker.bootstrap, topic, o.kafka_n, o.kafka_keys, None)
     out["kafka_raw:100"] = raw_kafka(broker.bootstrap, topic, o.kafka_n, o.kafka_keys, 100)
     for kind in targets.KAFKA_TOPICS:
         for count in (1, 3):
             out[f"kafka_ratio:{kind}:{count}"] = out[f"kafka:{kind}:{count}"] / out["kafka_raw"]
+    out["kafka_ratio:database_part"] = out["kafka_database_part"] / out["kafka_raw"]
     print(f"    raw producer: {out['kafka_raw']:,.0f} msg/s produce-all-then-flush, "
           f"{out['kafka_raw:100']:,.0f} msg/s flushing every 100", flush=True)
     reset()
