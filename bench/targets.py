@@ -61,8 +61,11 @@ KAFKA_TOPICS = {
 KAFKA_KEEP_NONE_TOPIC = "bench.kafka-alo-keep-none"
 # The Kafka phase's rows into a no-op batch handler that takes as many rows per send as a
 # Kafka target: the database's part of the chain alone (read, mark, write the outcomes),
-# so the table shows the most a worker could reach with a broker that cost nothing.
+# so the table shows the most a worker could reach with a broker that cost nothing. Only
+# the Kafka phase's processes register it (``KAFKA_PHASE_ENV``), as they do the topics:
+# every registered target is one more window in every other phase's polls.
 KAFKA_DATABASE_PART = "bench.kafka_database_part"
+KAFKA_PHASE_ENV = "BENCH_KAFKA_PHASE"
 
 
 def kafka_topic(kind: str) -> str:
@@ -76,18 +79,25 @@ def kafka_target(kind: str) -> str:
 def kafka_settings(bootstrap: str) -> dict[str, str]:
     """The ``JOBS["KAFKA"]`` of the bench's broker, as environment overrides."""
     return {"JOBS_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "JOBS_KAFKA_ENABLED": "on",
-            "JOBS_KAFKA_EXTRA_TOPICS": ",".join(KAFKA_TOPICS.values())}
+            "JOBS_KAFKA_EXTRA_TOPICS": ",".join(KAFKA_TOPICS.values()), KAFKA_PHASE_ENV: "on"}
 
 
 def register_kafka(bootstrap: str) -> None:
     """Register the bench's Kafka targets in this process, as the workers get them (again
-    if they exist: the driver may be pointed at another broker)."""
+    if they exist: the driver may be pointed at another broker), and the database's part."""
     from kafka_target.settings import parse_kafka_settings
     from kafka_target.target import register_topics
 
     for kind in KAFKA_TOPICS:
         registry.unregister_target(kafka_target(kind))
     register_topics(parse_kafka_settings({}, environ=kafka_settings(bootstrap)))
+    register_database_part()
+
+
+def register_database_part() -> None:
+    if KAFKA_DATABASE_PART not in {t.name for t in registry.all_targets()}:
+        registry.register_target(KAFKA_DATABASE_PART, noop, lane=Lane.FAST,
+                                 batch_handler=noop_batch, batch_size=DEFAULT_BATCH_SIZE)
 
 
 def noop(job: Job) -> None:
@@ -131,14 +141,14 @@ def register() -> None:
         (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
         (LATENCY, record_start, {"lane": Lane.FAST}),
         (LATENCY_LONG, record_start, {"lane": Lane.LONG}),
-        (KAFKA_DATABASE_PART, noop, {"lane": Lane.FAST, "batch_handler": noop_batch,
-                                     "batch_size": DEFAULT_BATCH_SIZE}),
     ]
     known = {t.name for t in registry.all_targets()}
     for name, handler, kwargs in specs:
         if name not in known:
             registry.register_target(name, handler, **kwargs)
     flows.register_step(STEP, noop_step)
+    if os.environ.get(KAFKA_PHASE_ENV):
+        register_database_part()
 
 
 STEP = "bench.step"  # a flow step that does nothing (the flows phase)
