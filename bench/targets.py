@@ -95,6 +95,7 @@ def register_kafka(bootstrap: str) -> None:
 
 
 def register_database_part() -> None:
+    """Register ``KAFKA_DATABASE_PART`` unless it is (the driver's broker may change)."""
     if KAFKA_DATABASE_PART not in {t.name for t in registry.all_targets()}:
         registry.register_target(KAFKA_DATABASE_PART, noop, lane=Lane.FAST,
                                  batch_handler=noop_batch, batch_size=DEFAULT_BATCH_SIZE)
@@ -129,7 +130,6 @@ def register() -> None:
         (AT_LEAST_ONCE, {"lane": Lane.FAST, "delivery_mode": DeliveryMode.AT_LEAST_ONCE}),
         (BATCH, {"lane": Lane.FAST, "batch_handler": noop_batch}),
     ]
-
     specs = [
         *((name, noop, kwargs) for name, kwargs in fast),
         *((name + KEEP_NONE_SUFFIX, noop, {**kwargs, "policy": KEEP_NONE})

@@ -307,7 +307,8 @@ def phase_kafka(o: Options) -> Metrics:
     """Fast lane → Kafka end to end: ``kafka_n`` pre-enqueued events drained by 1 and 3
     ``run_fast_lane`` processes per delivery mode (a row is deleted only after its delivery
     report, so an empty queue means the broker acknowledged every record; the topic's end
-    offsets are checked too), then the raw producer on the same records in the same round."""
+    offsets are checked too), then the same rows into a no-op batch handler (the database's
+    part of the chain alone), then the raw producer on the same records in the same round."""
     broker = kafka_broker(o)
     env = targets.kafka_settings(broker.bootstrap)
     out: Metrics = {}
