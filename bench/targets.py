@@ -95,7 +95,7 @@ def register_kafka(bootstrap: str) -> None:
 
 
 def register_database_part() -> None:
-    """Register ``KAFKA_DATABASE_PART`` unless it is (the driver's broker may change)."""
+    """Register ``KAFKA_DATABASE_PART`` once (``register_kafka`` may run again)."""
     if KAFKA_DATABASE_PART not in {t.name for t in registry.all_targets()}:
         registry.register_target(KAFKA_DATABASE_PART, noop, lane=Lane.FAST,
                                  batch_handler=noop_batch, batch_size=DEFAULT_BATCH_SIZE)
