@@ -137,33 +137,44 @@ def _kind(sql: str) -> str:
 
 def _run_observing_flushes(run_once: Callable[[datetime], int], t0: datetime
                            ) -> list[tuple[str, bool]]:
-    """Run a lane until idle; returns (kind, lazy) for every statement that wrote WAL,
-    lazy when its commit returned before the WAL it wrote was flushed. Observed on the
-    server, not read from the text: a lazy commit leaves the flush position behind the
-    insert position until the WAL writer's next round, a commit that waits never does.
-    SQLite has no WAL positions to read: every statement, lazy when its text asks."""
+    """Run a lane until idle; returns (kind, lazy) for every statement that wrote, lazy
+    when its transaction committed without waiting for its WAL flush.
+
+    Observed on the server, not read from the text, and blind to other sessions (their WAL
+    moves the positions any time): each statement run outside a transaction runs in one
+    opened here, which asks whether it wrote (an id was assigned) and which
+    ``synchronous_commit`` its commit obeys. A commit that waits must then find the flush
+    position past the insert position read before it. SQLite has no such setting: every
+    statement, lazy when its text asks."""
     postgres = connection.vendor == "postgresql"
     raw = connection.connection
-
-    def positions() -> tuple[int, int]:
-        if not postgres:
-            return 1, 1
-        row = raw.execute("SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0'), "
-                          "pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')").fetchone()
-        return int(row[0]), int(row[1])
-
     seen: list[tuple[str, bool]] = []
 
     def observe(execute: Any, sql: str, *args: Any) -> Any:
-        inserted_before, _ = positions()
-        try:
+        if not postgres:
+            seen.append((_kind(sql), "synchronous_commit" in sql))
             return execute(sql, *args)
-        finally:
-            inserted, flushed = positions()
-            if not postgres:
-                seen.append((_kind(sql), "synchronous_commit" in sql))
-            elif inserted > inserted_before:
-                seen.append((_kind(sql), flushed < inserted))
+        own = transaction.get_autocommit() and not connection.in_atomic_block
+        if own:
+            raw.execute("BEGIN")
+        try:
+            result = execute(sql, *args)
+        except BaseException:
+            if own:
+                raw.execute("ROLLBACK")
+            raise
+        wrote, lazy, before_commit = raw.execute(
+            "SELECT pg_current_xact_id_if_assigned() IS NOT NULL, "
+            "current_setting('synchronous_commit') = 'off', "
+            "pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')").fetchone()
+        if own:
+            raw.execute("COMMIT")
+            flushed = raw.execute(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')").fetchone()[0]
+            assert lazy or not wrote or flushed > before_commit, sql
+        if wrote:
+            seen.append((_kind(sql), lazy))
+        return result
 
     with connection.execute_wrapper(observe):
         while run_once(t0):
