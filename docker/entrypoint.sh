@@ -4,6 +4,10 @@
 # A container that cannot serve exits 1 with one line naming the problem, before a server
 # could look alive: web and migrate run manage.py check_ready first; the worker commands
 # check the same at their own start-up.
+#
+# The root filesystem may be read-only (docker/compose.yaml, docker/k8s/): the one place a
+# role writes is /tmp, gunicorn's worker heartbeat files. gunicorn's control socket
+# (gunicornc) would be made under $HOME, the read-only /app: it is off.
 set -e
 role="${1:-web}"
 case "$role" in
@@ -16,7 +20,7 @@ esac
 case "$role" in
     web)       python manage.py check_ready
                exec gunicorn config.wsgi --bind 0.0.0.0:8000 --workers "${WEB_WORKERS:-2}" \
-                   --access-logfile - ;;
+                   --worker-tmp-dir /tmp --no-control-socket --access-logfile - ;;
     fast)      exec python manage.py run_fast_lane ;;
     long)      exec python manage.py run_long_lane ;;
     schedules) exec python manage.py tick_schedules ;;

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Smoke test of docker/ with a real Docker daemon: build the images, bring the whole system
-# up (PostgreSQL, Kafka, migrate, web, 3 fast, 2 long, 2 schedule workers), wait for health;
-# containers with bad settings exit 1 with one line; 200 order events and 2,000 events on 50
+# Smoke test of docker/ with a real Docker daemon: build the images (the app's tagged with the
+# project's version, the compose file's default), bring the whole system up (PostgreSQL,
+# Kafka, migrate, web, 3 fast, 2 long, 2 schedule workers) with a database password of its
+# own, wait for health; the app's containers are hardened (read-only root, no capabilities,
+# no privilege gain) and the web port answers on 127.0.0.1 only; demo_admin prints a random
+# password that logs in and refuses the published one; containers with bad settings exit 1
+# with one line; 200 order events and 2,000 events on 50
 # keys reach the topic once each, in order per key; a docker-killed fast worker's partitions
 # are taken over (2,000 more, none lost); scaled to 5 fast workers, the partitions rebalance
 # (2,000 more); then take it down with its volumes. Starts its own dockerd (vfs, private socket) when no
@@ -56,8 +60,11 @@ PG_BASE="$(bash "$ROOT/scripts/docker-base-image.sh" jobs-engine-postgres-base:t
            postgresql,ca-certificates)"
 JRE="$(bash "$ROOT/scripts/docker-base-image.sh" jobs-engine-jre:trixie \
        openjdk-21-jre-headless,ca-certificates)"
+# The tag the compose file runs by default, and the README builds: the project's version.
+VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml")"
+APP_IMAGE="jobs-engine-demo:$VERSION"
 docker build -q -f "$ROOT/docker/Dockerfile" --build-arg "BASE_IMAGE=$BASE" \
-    -t jobs-engine-demo:smoke "$ROOT" >/dev/null
+    -t "$APP_IMAGE" "$ROOT" >/dev/null
 docker build -q -f "$ROOT/docker/local/postgres.Dockerfile" --build-arg "BASE_IMAGE=$PG_BASE" \
     -t jobs-engine-postgres:local "$ROOT/docker/local" >/dev/null
 KAFKA_LIB="$(bash "$ROOT/scripts/kafka.sh" classpath)"
@@ -69,13 +76,20 @@ cp "$ROOT/docker/local/kafka.Dockerfile" "$ROOT/docker/local/kafka-entrypoint.sh
 docker build -q -f "$RUN_DIR/kafka/kafka.Dockerfile" --build-arg "BASE_IMAGE=$JRE" \
     -t jobs-engine-kafka:local "$RUN_DIR/kafka" >/dev/null
 
-export APP_IMAGE=jobs-engine-demo:smoke POSTGRES_IMAGE=jobs-engine-postgres:local \
+# APP_IMAGE is not exported: compose runs its default, the tag just built. The database
+# password is not the compose file's default, so the app only reaches it through the variable.
+export POSTGRES_IMAGE=jobs-engine-postgres:local \
        KAFKA_IMAGE=jobs-engine-kafka:local WEB_PORT="${WEB_PORT:-18000}" \
-       DJANGO_SECRET_KEY="smoke-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+       DJANGO_SECRET_KEY="smoke-$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')" \
+       POSTGRES_PASSWORD="pw-$(head -c 12 /dev/urandom | od -An -tx1 | tr -d ' \n')"
+export -n APP_IMAGE  # a caller's exported one included
+unset WEB_BIND       # the default binding is what is checked
 compose() { docker-compose -f "$ROOT/docker/compose.yaml" -p "$PROJECT" "$@"; }
 
 note "compose up: 3 fast, 2 long, 2 schedule workers"
 COMPOSE_UP=1
+# A killed run's leftovers: its database volume holds another password.
+compose down -v --remove-orphans >/dev/null 2>&1 || true
 compose up -d --scale fast=3 --scale long=2 --scale schedules=2 >&2
 # Every container healthy (those without a health check: running; migrate: exited 0).
 healthy() {
@@ -99,6 +113,41 @@ done
 note "healthy $((SECONDS - started)) s after up"
 compose ps >&2
 note "every container is up and healthy"
+
+# The app's containers as the compose file hardens them; the web port on 127.0.0.1 only.
+for id in $(compose ps -q migrate web fast long schedules); do
+    state="$(docker inspect -f '{{.Name}} {{.HostConfig.ReadonlyRootfs}} {{.HostConfig.CapDrop}} {{.HostConfig.SecurityOpt}} {{.Config.User}}' "$id")"
+    [[ "$state" == *" true [ALL] [no-new-privileges:true] jobs" ]] \
+        || { note "not hardened: $state"; exit 1; }
+done
+# /var/tmp is writable by anyone on a writable root; /tmp is the tmpfs.
+compose exec -T web sh -c 'touch /var/tmp/written' 2>/dev/null \
+    && { note "the web container's root filesystem is writable"; exit 1; }
+compose exec -T web sh -c 'touch /tmp/written' || { note "the web's /tmp is not writable"; exit 1; }
+bound="$(compose port web 8000)"
+[[ "$bound" == "127.0.0.1:$WEB_PORT" ]] || { note "web port bound to $bound"; exit 1; }
+python3 - "$WEB_PORT" <<'PY'
+import sys
+import urllib.request
+
+with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/admin/login/", timeout=10) as r:
+    assert r.status == 200, r.status
+PY
+note "the app's containers are hardened; the admin answers on $bound"
+
+# The README's admin login: with DEBUG off a random password, printed; the published one refused.
+printed="$(compose exec -T web python manage.py demo_admin | grep '^admin user: ' || true)"
+password="${printed##*  password: }"
+[[ "$printed" == "admin user: admin  password: "* && "$password" != admin-demo-password \
+   && ${#password} -ge 20 ]] || { note "demo_admin printed: $printed"; exit 1; }
+compose exec -T web python manage.py shell -c "from django.contrib.auth import authenticate
+print(authenticate(username='admin', password='$password') is not None)" | grep -x True >/dev/null \
+    || { note "demo_admin's password does not log in"; exit 1; }
+if compose exec -T -e DEMO_ADMIN_PASSWORD=admin-demo-password web python manage.py demo_admin \
+        >/dev/null 2>&1; then
+    note "demo_admin took the published password with DEBUG off"; exit 1
+fi
+note "demo_admin: a random password that logs in; the published one refused"
 
 sql() { compose exec -T postgres psql -U jobs -d jobs -Atc "$1"; }
 # Every partition leased, by exactly $1 live fast-lane workers, 64/$1 each (rounded either way).
@@ -159,7 +208,8 @@ load() {  # load N: N events on 50 keys, enqueued through the web container
 bad_start() {  # bad_start EXPECTED ROLE [docker run options...]
     local expected=$1 role=$2 out rc=0 lines
     shift 2
-    out="$(docker run --rm --network "${PROJECT}_default" "$@" "$APP_IMAGE" "$role" 2>&1)" \
+    out="$(docker run --rm --network "${PROJECT}_default" "${hardened[@]}" "$@" "$APP_IMAGE" \
+           "$role" 2>&1)" \
         || rc=$?
     lines="$(printf '%s\n' "$out" | grep -c .)"
     if [[ $rc != 1 || $lines != 1 || "$out" != *"$expected"* ]]; then
@@ -170,17 +220,18 @@ bad_start() {  # bad_start EXPECTED ROLE [docker run options...]
     note "$role: exit 1: $out"
 }
 secret=(-e "DJANGO_SECRET_KEY=$DJANGO_SECRET_KEY")
+hardened=(--read-only --tmpfs /tmp --cap-drop ALL --security-opt no-new-privileges:true)
 sql "CREATE DATABASE unmigrated" >/dev/null
 bad_start "DATABASE_URL is not set" fast "${secret[@]}"
-bad_start "DJANGO_SECRET_KEY is not set" web -e DATABASE_URL=postgres://jobs:jobs@postgres/jobs
+bad_start "DJANGO_SECRET_KEY is not set" web -e DATABASE_URL=postgres://jobs:$POSTGRES_PASSWORD@postgres/jobs
 bad_start "cannot connect to the database" fast "${secret[@]}" \
-    -e DATABASE_URL=postgres://jobs:jobs@nowhere.invalid:5432/jobs
+    -e DATABASE_URL=postgres://jobs:$POSTGRES_PASSWORD@nowhere.invalid:5432/jobs
 bad_start "password authentication failed" web "${secret[@]}" \
     -e DATABASE_URL=postgres://jobs:wrong@postgres:5432/jobs
 bad_start "the database is not migrated" web "${secret[@]}" \
-    -e DATABASE_URL=postgres://jobs:jobs@postgres:5432/unmigrated
+    -e DATABASE_URL=postgres://jobs:$POSTGRES_PASSWORD@postgres:5432/unmigrated
 bad_start "the database is not migrated" schedules "${secret[@]}" \
-    -e DATABASE_URL=postgres://jobs:jobs@postgres:5432/unmigrated
+    -e DATABASE_URL=postgres://jobs:$POSTGRES_PASSWORD@postgres:5432/unmigrated
 [[ "$(compose exec -T postgres psql -U jobs -d unmigrated -Atc \
       "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'")" == 0 ]] \
     || { note "a refused start wrote tables"; exit 1; }

@@ -1,17 +1,20 @@
-"""docker/compose.yaml and docker/k8s/ name only what exists.
+"""docker/compose.yaml and docker/k8s/ name only what exists, and are hardened.
 
 The manifests are examples an operator copies, so nothing runs them here but
 scripts/docker-test.sh (compose, with a real daemon). These tests parse them and check
 that every role they start is one the image's entrypoint knows, every ``manage.py``
 command that role runs exists, every environment variable they set is one the project
 reads, every probe runs a file the image contains, and every worker's grace period covers
-a drain.
+a drain. And that every compose app container runs with no capabilities, no privilege gain
+and a read-only root with a writable /tmp; that no compose image is ``latest``; and that
+compose publishes nothing beyond 127.0.0.1 by default.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,10 @@ DOCKERFILE = (DOCKER / "Dockerfile").read_text()
 WORKER_ROLES = {"fast", "long", "schedules", "workers"}
 # A drain: a worker on SIGTERM finishes the rows in hand (docs/operations.md#commands).
 MIN_WORKER_GRACE_S = 120
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+IMAGE_UID = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])
+# Where the image's processes write at run time: gunicorn's worker heartbeat files.
+WRITABLE = {"/tmp"}
 
 
 def manifests() -> list[dict[str, Any]]:
@@ -49,6 +56,22 @@ def pod_containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
 
 def compose() -> dict[str, Any]:
     return yaml.safe_load((DOCKER / "compose.yaml").read_text())
+
+
+def app_services() -> list[str]:
+    """The compose services that run the engine's image."""
+    return [name for name, service in compose()["services"].items()
+            if service.get("image", "").startswith("${APP_IMAGE")]
+
+
+def with_defaults(text: str) -> str:
+    """Compose's interpolation with an empty environment: ${VAR:-default} is the default."""
+    return re.sub(r"\$\{[A-Z0-9_]+(?::?-([^}]*))?\}", lambda m: m[1] or "", text)
+
+
+def image_tag(image: str) -> str | None:
+    name = image.rsplit("/", 1)[-1]
+    return name.split(":", 1)[1] if ":" in name else None
 
 
 def entrypoint_roles() -> dict[str, str]:
@@ -142,11 +165,64 @@ def test_every_worker_has_a_heartbeat_probe_and_a_grace_period_above_a_drain() -
 
 
 def test_pods_run_as_the_images_user_with_resource_requests() -> None:
-    uid = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])
     for pod, container in pod_containers():
-        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": uid}
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": IMAGE_UID}
         assert set(container["resources"]["requests"]) == {"cpu", "memory"}
         assert container["image"] == "jobs-engine-demo"
+
+
+def test_gunicorn_writes_only_where_the_containers_may() -> None:
+    web = entrypoint_roles()["web"]
+    assert re.search(r"--worker-tmp-dir (\S+)", web)[1] in WRITABLE
+    # Its control socket would be made under $HOME (/app, read-only).
+    assert "--no-control-socket" in web
+    assert "PYTHONDONTWRITEBYTECODE=1" in DOCKERFILE.split("\nFROM ")[-1]
+
+
+def test_the_compose_images_are_pinned_the_apps_to_the_projects_version() -> None:
+    for name, service in compose()["services"].items():
+        tag = image_tag(with_defaults(service["image"]))
+        assert tag and tag != "latest", name
+    for name in app_services():
+        assert with_defaults(compose()["services"][name]["image"]) == \
+            f"jobs-engine-demo:{VERSION}", name
+
+
+@pytest.mark.parametrize("service", app_services())
+def test_compose_app_services_are_hardened(service: str) -> None:
+    spec = compose()["services"][service]
+    assert spec["read_only"] is True
+    assert set(spec["tmpfs"]) >= WRITABLE
+    assert spec["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in spec["security_opt"]
+    assert "privileged" not in spec and "cap_add" not in spec
+
+
+@pytest.mark.parametrize("service", list(compose()["services"]))
+def test_compose_publishes_ports_on_127_0_0_1_by_default(service: str) -> None:
+    for port in compose()["services"][service].get("ports", []):
+        if isinstance(port, dict):
+            host_ip = with_defaults(port.get("host_ip", ""))
+        else:
+            parts = with_defaults(str(port)).split(":")
+            host_ip = parts[0] if len(parts) == 3 else ""
+        assert host_ip == "127.0.0.1", (service, port)
+
+
+def test_only_the_web_port_is_published_and_it_can_be_moved() -> None:
+    published = {name: spec["ports"] for name, spec in compose()["services"].items()
+                 if spec.get("ports")}
+    assert published == {"web": ["${WEB_BIND:-127.0.0.1}:${WEB_PORT:-8000}:8000"]}
+
+
+def test_the_database_password_is_one_variable_for_postgres_and_the_app() -> None:
+    services = compose()["services"]
+    password = services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert password.startswith("${POSTGRES_PASSWORD")
+    url = compose()["x-app"]["environment"]["DATABASE_URL"]
+    assert url == f"postgres://jobs:{password}@postgres:5432/jobs"
+    for name in app_services():
+        assert services[name]["environment"]["DATABASE_URL"] == url, name
 
 
 def test_kustomization_lists_every_manifest() -> None:
