@@ -5,9 +5,10 @@ scripts/docker-test.sh (compose, with a real daemon). These tests parse them and
 that every role they start is one the image's entrypoint knows, every ``manage.py``
 command that role runs exists, every environment variable they set is one the project
 reads, every probe runs a file the image contains, and every worker's grace period covers
-a drain. And that every compose app container runs with no capabilities, no privilege gain
-and a read-only root with a writable /tmp; that no compose image is ``latest``; and that
-compose publishes nothing beyond 127.0.0.1 by default.
+a drain. And that every pod and app container found in them (whatever its kind, so a new
+workload cannot escape) runs as the image's user with no capabilities, no privilege gain,
+the runtime's seccomp profile and a read-only root with a writable /tmp; that no image is
+``latest``; and that compose publishes nothing beyond 127.0.0.1 by default.
 """
 
 from __future__ import annotations
@@ -52,6 +53,29 @@ def pod_containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
             pod = doc["spec"]["template"]["spec"]
             for container in pod["containers"]:
                 yield pod, container
+
+
+def where(path: Path, doc: dict[str, Any]) -> str:
+    return f"{path.name}:{doc['kind']}/{doc.get('metadata', {}).get('name', '')}"
+
+
+def pod_specs() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, pod spec) of every pod spec in docker/k8s/, of any kind (Deployment, Job,
+    a CronJob's job template, a StatefulSet...): any mapping with ``containers``."""
+    def walk(node: Any, where: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        if isinstance(node, dict):
+            if "containers" in node:
+                yield where, node
+            for value in node.values():
+                yield from walk(value, where)
+        elif isinstance(node, list):
+            for value in node:
+                yield from walk(value, where)
+
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                yield from walk(doc, where(path, doc))
 
 
 def compose() -> dict[str, Any]:
@@ -164,11 +188,34 @@ def test_every_worker_has_a_heartbeat_probe_and_a_grace_period_above_a_drain() -
         assert int(grace.rstrip("s")) >= MIN_WORKER_GRACE_S
 
 
-def test_pods_run_as_the_images_user_with_resource_requests() -> None:
-    for pod, container in pod_containers():
-        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": IMAGE_UID}
+def test_pods_run_the_image_with_resource_requests() -> None:
+    for _, container in pod_containers():
         assert set(container["resources"]["requests"]) == {"cpu", "memory"}
         assert container["image"] == "jobs-engine-demo"
+
+
+def test_every_workload_is_found() -> None:
+    kinds = {"Pod", "Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob"}
+    workloads = [where(path, doc) for path in sorted(K8S.glob("*.yaml"))
+                 for doc in yaml.safe_load_all(path.read_text()) if doc and doc["kind"] in kinds]
+    assert [w for w, _ in pod_specs()] == workloads
+    assert len(workloads) >= 5
+
+
+@pytest.mark.parametrize("where,pod", list(pod_specs()), ids=[w for w, _ in pod_specs()])
+def test_every_pod_is_hardened(where: str, pod: dict[str, Any]) -> None:
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": IMAGE_UID,
+                                      "seccompProfile": {"type": "RuntimeDefault"}}
+    empty_dirs = {volume["name"] for volume in pod.get("volumes", []) if "emptyDir" in volume}
+    for container in pod["containers"] + pod.get("initContainers", []):
+        assert container.get("securityContext") == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+        }, container["name"]
+        writable = {mount["mountPath"] for mount in container.get("volumeMounts", [])
+                    if mount["name"] in empty_dirs and not mount.get("readOnly")}
+        assert writable >= WRITABLE, container["name"]
 
 
 def test_gunicorn_writes_only_where_the_containers_may() -> None:
@@ -177,6 +224,17 @@ def test_gunicorn_writes_only_where_the_containers_may() -> None:
     # Its control socket would be made under $HOME (/app, read-only).
     assert "--no-control-socket" in web
     assert "PYTHONDONTWRITEBYTECODE=1" in DOCKERFILE.split("\nFROM ")[-1]
+
+
+def test_the_k8s_image_tag_is_pinned_to_the_projects_version() -> None:
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    pinned = {image["name"]: image["newTag"] for image in kustomization["images"]}
+    for _, pod in pod_specs():
+        for container in pod["containers"] + pod.get("initContainers", []):
+            image = container["image"]
+            tag = image_tag(image) or pinned.get(image)
+            assert tag and tag != "latest", image
+    assert pinned == {"jobs-engine-demo": VERSION}
 
 
 def test_the_compose_images_are_pinned_the_apps_to_the_projects_version() -> None:
