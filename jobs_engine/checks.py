@@ -16,6 +16,7 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     from django.conf import settings
 
     from jobs_engine.conf import RETIRED, load_settings
+    from jobs_engine.tenancy import check_resolver
 
     try:
         current = load_settings()
@@ -25,6 +26,13 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         checks.Error(f"JOBS[{name!r}] {problem}", id="jobs_engine.E002", obj="JOBS")
         for name, problem in current.problems()
     ]
+    if not found:
+        # Imported here, once, so a resolver that cannot be used stops the process at
+        # start-up instead of failing every request.
+        unusable = check_resolver()
+        if unusable is not None:
+            found.append(checks.Error(unusable, id="jobs_engine.E003", obj="JOBS",
+                                      hint="give the dotted path of a function of the request"))
     given = getattr(settings, "JOBS", {})
     found += [
         checks.Warning(f"JOBS[{name!r}] no longer applies: {why}", id="jobs_engine.W001",

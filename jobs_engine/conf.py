@@ -66,10 +66,14 @@ class JobsSettings:
     # ``/metrics`` answers a request with ``Authorization: Bearer <METRICS_TOKEN>`` (a
     # Prometheus scraper) and logged-in users with the engine's permission; no one else.
     METRICS_TOKEN: str = ""
-    # Dotted path of ``f(request) -> str | None``: the tenant a request acts for in the
-    # flows' admin and API (None: the platform operator, who sees every tenant). Empty:
-    # every request is the platform operator's.
+    # Dotted path of ``f(request)``: the tenant a request acts for in the admin, the API and
+    # the jobs it enqueues (a tenant id; ``tenancy.PLATFORM``: the platform operator, who
+    # sees every tenant; None: no tenant's data). Empty: every request is the platform
+    # operator's (a single-tenant project).
     TENANT_RESOLVER: str = ""
+    # Who reads the API's documentation (Swagger UI and openapi.json): "staff" (logged-in
+    # staff users), "public" (anyone) or "off" (nobody: 404).
+    API_DOCS: str = "staff"
 
     def problems(self) -> list[tuple[str, str]]:
         """(field, problem) for every value that cannot work."""
@@ -106,7 +110,22 @@ class JobsSettings:
             found.append(("PARTITION_HEARTBEAT_S", "must be shorter than PARTITION_LEASE_S"))
         if self.LONG_HEARTBEAT_S >= self.LONG_LEASE_S:
             found.append(("LONG_HEARTBEAT_S", "must be shorter than LONG_LEASE_S"))
+        if self.METRICS_TOKEN and (len(self.METRICS_TOKEN) < MIN_METRICS_TOKEN_LENGTH
+                                   or not self.METRICS_TOKEN.isascii()
+                                   or not self.METRICS_TOKEN.isprintable()
+                                   or self.METRICS_TOKEN.strip() != self.METRICS_TOKEN):
+            found.append(("METRICS_TOKEN", f"must be at least {MIN_METRICS_TOKEN_LENGTH} "
+                          "printable ASCII characters without spaces around them (a short "
+                          "token can be guessed); make one with python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))', or leave it empty"))
+        if self.API_DOCS not in API_DOCS_CHOICES:
+            found.append(("API_DOCS", f"must be one of {', '.join(API_DOCS_CHOICES)}, got "
+                                      f"{self.API_DOCS!r}"))
         return found
+
+
+MIN_METRICS_TOKEN_LENGTH = 16
+API_DOCS_CHOICES = ("staff", "public", "off")
 
 
 # Sections of ``JOBS`` that other apps read and check themselves (``kafka_target``'s

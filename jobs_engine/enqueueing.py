@@ -18,11 +18,12 @@ from django.utils import timezone
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
-from jobs_engine.context import current_actor, request_trace_id
+from jobs_engine.context import current_actor, current_tenant, request_trace_id
 from jobs_engine.errors import InvalidJob
 from jobs_engine.lanes import lossy
 from jobs_engine.registry import Target, get_target
 from jobs_engine.states import Lane
+from jobs_engine.tenancy import PLATFORM, Platform, tenant_id_problem
 from jobs_engine.text import NUL_PROBLEM, SURROGATE_PROBLEM, json_text
 
 MAX_DEDUPE_KEY_LENGTH = 255
@@ -77,16 +78,31 @@ def _json_text(field: str, value: Any, max_bytes: int | None = None) -> str:
 
 
 _ARGUMENTS = frozenset({"target", "payload", "code", "key", "version", "dedupe_key", "headers",
-                        "run_at", "priority"})
+                        "run_at", "priority", "tenant_id"})
 _TARGET_AND_PAYLOAD = frozenset({"target", "payload"})
 
 
+def job_tenant(given: str | Platform | None, current: str | None) -> str | None:
+    """The tenant a job belongs to: ``given``, or for None the tenant of the request or job
+    the caller runs for (``current``); ``PLATFORM``: none, whatever the caller serves."""
+    if given is None:
+        return current
+    if given is PLATFORM:
+        return None
+    problem = tenant_id_problem(given)
+    if problem is not None:
+        raise InvalidJob("tenant_id", f"{problem} (a tenant id, PLATFORM or None)")
+    return given  # type: ignore[return-value]  # a str: tenant_id_problem found none
+
+
 def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None,
-           actor: dict[str, Any] | None, keys: Iterator[str]) -> tuple[Target, store.NewJob]:
+           actor: dict[str, Any] | None, tenant: str | None, keys: Iterator[str]
+           ) -> tuple[Target, store.NewJob]:
     """Every check of one item, then its row. Runs once per job: each argument is read
     once, and the checks of an absent one cost a comparison (0.7 ms of a 100-job enqueue's
-    ~3 ms went here). What the call's items share (the request's trace id and actor) is
-    read once per call; a job outside a request gets a trace id of its own from ``keys``."""
+    ~3 ms went here). What the call's items share (the request's trace id, actor and
+    tenant) is read once per call; a job outside a request gets a trace id of its own from
+    ``keys``."""
     if not item.keys() <= _ARGUMENTS:
         raise InvalidJob(sorted(item.keys() - _ARGUMENTS)[0], "is not an enqueue argument")
     get = item.get
@@ -133,13 +149,16 @@ def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None
         if target.lane is not Lane.LONG:
             raise InvalidJob("priority", f"orders the long lane only; {target.name} runs on "
                                          f"the {target.lane.value} lane, in key order")
+    given_tenant = get("tenant_id")
+    if given_tenant is not None:
+        tenant = job_tenant(given_tenant, tenant)
     # Positional: a third of the keyword call's time; ``_value_``: the enum's ``value``
     # without its property's lookup.
     return target, store.NewJob(
         code or target.name, target.name, target.lane._value_, key,
         partition_for(key, dedupe_key, settings.PARTITIONS), version, payload_json, headers,
         dedupe_key, target.delivery_mode._value_, trace_id or next(keys), actor, run_at,
-        priority, dedupe_key_given,
+        priority, dedupe_key_given, tenant,
     )
 
 
@@ -166,15 +185,15 @@ def _target_of_payloads(items: list[Mapping[str, Any]], using: str | None) -> Ta
 
 
 def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: JobsSettings,
-                      trace_id: str | None, actor: dict[str, Any] | None, using: str | None
-                      ) -> list[EnqueueResult]:
+                      trace_id: str | None, actor: dict[str, Any] | None, tenant: str | None,
+                      using: str | None) -> list[EnqueueResult]:
     """``enqueue_many`` of a batch of one target's payloads: the payloads are its only
     input to check, and the server makes the rest of each row (``jobs_insert_payloads``)."""
     limit = settings.MAX_PAYLOAD_BYTES
     payloads = ",".join([_json_text("payload", item.get("payload"), limit) for item in items])
     ids = store.jobs_insert_payloads(
         target.name, target.name, target.lane._value_, target.delivery_mode._value_,
-        f"[{payloads}]", settings.PARTITIONS, trace_id or None, actor, using)
+        f"[{payloads}]", settings.PARTITIONS, trace_id or None, actor, tenant, using)
     return [EnqueueResult(True, job_id) for job_id in ids]
 
 
@@ -187,12 +206,13 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     """
     settings = jobs_settings()
     items = list(items)
-    trace_id, actor = request_trace_id(), current_actor()
+    trace_id, actor, tenant = request_trace_id(), current_actor(), current_tenant()
     target_of_payloads = _target_of_payloads(items, using)
     if target_of_payloads is not None:
-        return _enqueue_payloads(target_of_payloads, items, settings, trace_id, actor, using)
+        return _enqueue_payloads(target_of_payloads, items, settings, trace_id, actor, tenant,
+                                 using)
     keys = random_keys(len(items) * (1 if trace_id else 2))  # dedupe keys, trace ids
-    built = [_build(item, settings, trace_id, actor, keys) for item in items]
+    built = [_build(item, settings, trace_id, actor, tenant, keys) for item in items]
     durable: list[store.NewJob] = []
     seen: set[str] = set()
     for target, row in built:
@@ -226,15 +246,19 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
 def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | None = None,
             version: int | None = None, dedupe_key: str | None = None,
             headers: Mapping[str, Any] | None = None, run_at: datetime | None = None,
-            priority: int = 0, using: str | None = None) -> EnqueueResult:
+            priority: int = 0, tenant_id: str | Platform | None = None,
+            using: str | None = None) -> EnqueueResult:
     """Enqueue one job inside the caller's transaction (autocommit outside one).
 
     Business code should derive ``dedupe_key`` from the change (``<event>:<key>:<version>``)
     so a replayed request cannot make a second job; without one a random key is used.
     ``priority`` (long lane, -100..100): among due jobs a higher one runs first.
+    ``tenant_id``: the tenant the job belongs to; None: the tenant of the request
+    (``RequestContextMiddleware``) or job the caller serves, if any; ``PLATFORM``: none.
     """
     item = {"target": target, "payload": payload, "code": code, "key": key, "version": version,
-            "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at, "priority": priority}
+            "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at, "priority": priority,
+            "tenant_id": tenant_id}
     return enqueue_many([item], using=using)[0]
 
 

@@ -179,6 +179,13 @@ class NothingToRetry(InvalidStatus):
     code = "nothing_to_retry"
 
 
+class FlowStepJob(InvalidStatus):
+    """A job action (retry, skip, cancel) on a job that runs a flow's step: refused, the
+    flow's own retry and cancel act on it. Nothing changed."""
+
+    code = "flow_step"
+
+
 # -- configuration ------------------------------------------------------------------------
 
 

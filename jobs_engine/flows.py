@@ -16,6 +16,7 @@ in a step's ``data``: no name in ``data`` is reserved.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +27,7 @@ from django.utils import timezone
 
 from jobs_engine import registry, store
 from jobs_engine.conf import jobs_settings
+from jobs_engine.context import current_tenant
 from jobs_engine.enqueueing import enqueue_many
 from jobs_engine.errors import (
     DeadNow,
@@ -39,7 +41,10 @@ from jobs_engine.job import Job
 from jobs_engine.models import Flow, FlowStep
 from jobs_engine.models import Job as JobRow
 from jobs_engine.states import FlowState, StepRole, StepState
+from jobs_engine.tenancy import PLATFORM, Platform, Scope, scoped, tenant_id_problem
 from jobs_engine.text import clean, json_text, storable
+
+logger = logging.getLogger("jobs_engine")
 
 FLOW_TARGET = "jobs_engine:flow"
 # A step's job carries this dedupe key prefix, so the outcome path looks for flow steps
@@ -90,26 +95,28 @@ def step_handler(name: str) -> StepHandler | None:
     return _step_handlers.get(name)
 
 
-def chain(name: str, steps: Sequence[Step], *, tenant_id: str | None = None,
+def chain(name: str, steps: Sequence[Step], *, tenant_id: str | Platform | None = None,
           target: str | None = None, using: str | None = None) -> int:
     """Run ``steps`` one after the other; returns the flow's id. Written in the caller's
-    transaction (its own when there is none)."""
-    planned = _plan(name, [("steps", StepRole.STEP, list(_steps("steps", steps)))], tenant_id,
-                    target)
-    return _write(name, "chain", planned, tenant_id, using, first=1)
+    transaction (its own when there is none). ``tenant_id``: the tenant the flow and its
+    step jobs belong to; None: the tenant the caller serves, if any; ``PLATFORM``: none."""
+    tenant = _tenant(tenant_id)
+    planned = _plan(name, [("steps", StepRole.STEP, list(_steps("steps", steps)))], target)
+    return _write(name, "chain", planned, tenant, using, first=1)
 
 
 def batch(name: str, jobs: Sequence[Step], on_complete: Step, *,
-          tenant_id: str | None = None, target: str | None = None,
+          tenant_id: str | Platform | None = None, target: str | None = None,
           using: str | None = None) -> int:
     """Run ``jobs`` independently, then ``on_complete`` with every job's result in order;
-    returns the flow's id."""
+    returns the flow's id. ``tenant_id`` as for ``chain``."""
+    tenant = _tenant(tenant_id)
     if not isinstance(on_complete, Step):
         raise InvalidFlow("on_complete", f"must be a Step, got {type(on_complete).__name__}")
     jobs_list = list(_steps("jobs", jobs))
     planned = _plan(name, [("jobs", StepRole.JOB, jobs_list),
-                           ("on_complete", StepRole.CALLBACK, [on_complete])], tenant_id, target)
-    return _write(name, "batch", planned, tenant_id, using, first=len(jobs_list))
+                           ("on_complete", StepRole.CALLBACK, [on_complete])], target)
+    return _write(name, "batch", planned, tenant, using, first=len(jobs_list))
 
 
 # -- checks: everything is refused before anything is written -------------------------------
@@ -145,11 +152,21 @@ def _steps(where: str, steps: Any) -> Sequence[Step]:
     return steps
 
 
-def _plan(name: str, groups: list[tuple[str, StepRole, list[Step]]], tenant_id: Any,
-          default_target: Any) -> list[_Planned]:
+def _tenant(given: Any) -> str | None:
+    """The tenant a new flow belongs to (``chain``'s ``tenant_id``)."""
+    if given is None:
+        return current_tenant()
+    if given is PLATFORM:
+        return None
+    problem = tenant_id_problem(given)
+    if problem is not None:
+        raise InvalidFlow("tenant_id", f"{problem} (a tenant id, PLATFORM or None)")
+    return given  # type: ignore[no-any-return]  # a str: tenant_id_problem found none
+
+
+def _plan(name: str, groups: list[tuple[str, StepRole, list[Step]]], default_target: Any
+          ) -> list[_Planned]:
     _check_name("name", name)
-    if tenant_id is not None:
-        _check_name("tenant_id", tenant_id)
     if default_target is not None:
         _check_target("target", default_target)
     limit = jobs_settings().MAX_PAYLOAD_BYTES
@@ -193,16 +210,18 @@ def _write(name: str, kind: str, planned: list[_Planned], tenant_id: str | None,
             FlowStep(flow=flow, position=position, role=step.role, name=step.name,
                      target=step.target, data=step.data, state=StepState.WAITING)
             for position, step in enumerate(planned)])
-        queue(steps[:first], using)
+        queue(steps[:first], tenant_id, using)
     return flow.id
 
 
-def queue(steps: Sequence[FlowStep], using: str | None) -> None:
-    """Enqueue a job for each of ``steps`` (its data as the payload) and mark them QUEUED
-    with that job; the caller holds the transaction."""
+def queue(steps: Sequence[FlowStep], tenant_id: str | None, using: str | None) -> None:
+    """Enqueue a job for each of ``steps`` (its data as the payload), of the flow's tenant
+    (``tenant_id``; None: the platform's, never the caller's), and mark them QUEUED with
+    that job; the caller holds the transaction."""
+    tenant = PLATFORM if tenant_id is None else tenant_id
     results = enqueue_many([{"target": step.target, "payload": step.data, "code": step.name,
-                             "dedupe_key": f"{STEP_DEDUPE_PREFIX}{step.id}:{step.attempts}"}
-                            for step in steps], using=using)
+                             "dedupe_key": f"{STEP_DEDUPE_PREFIX}{step.id}:{step.attempts}",
+                             "tenant_id": tenant} for step in steps], using=using)
     for step, result in zip(steps, results, strict=True):
         step.job_id, step.state = result.job_id, StepState.QUEUED
     store.flow_steps_queued([(step.id, step.job_id) for step in steps], using)  # type: ignore[misc]
@@ -296,7 +315,7 @@ def _after_done(flow: Flow, step: FlowStep, now: datetime) -> None:
     else:
         following = FlowStep.objects.filter(flow=flow, position=step.position + 1).first()
     if following is not None and following.state == StepState.WAITING:
-        queue([following], None)
+        queue([following], flow.tenant_id, None)
 
 
 def _decoded(payload: str | None) -> Any:
@@ -314,29 +333,40 @@ def register_flow_target() -> None:
 # -- operator actions --------------------------------------------------------------------------
 
 
-def retry(flow_id: int, *, tenant_id: str | None = None) -> int:
+@dataclass(frozen=True)
+class Retried:
+    """What ``retry`` did: the steps queued again, and the DEAD jobs that had run them
+    (replaced by new jobs, so a step never runs twice at once)."""
+
+    steps: int
+    replaced_jobs: tuple[int, ...]
+
+
+def retry(flow_id: int, *, scope: Scope = PLATFORM) -> Retried:
     """Queue the failed steps again with a fresh set of attempts; the flow carries on and
-    completed steps never run again. Returns how many steps were queued. ``tenant_id``:
-    the caller's tenant (None: the platform operator, who sees every tenant)."""
+    completed steps never run again. ``scope``: whose flows the caller may act on
+    (``tenancy``); a flow out of it is ``FlowNotFound``, as an unknown id."""
     with transaction.atomic():
-        flow = _locked(flow_id, tenant_id)
+        flow = _locked(flow_id, scope)
         failed = list(flow.steps.filter(state=StepState.FAILED).order_by("position"))
         if flow.state != FlowState.FAILED or not failed:
             raise NothingToRetry(f"flow {flow.id} is {flow.state}: no failed step to retry")
+        replaced = []
         for step in failed:
-            if step.job_id is not None:  # the DEAD job that ran it: replaced, not run twice
-                store.job_delete_if_dead(step.job_id)
-        queue(failed, None)
+            if step.job_id is not None and store.job_delete_if_dead(step.job_id) is not None:
+                replaced.append(step.job_id)
+        queue(failed, flow.tenant_id, None)
         Flow.objects.filter(id=flow.id).update(state=FlowState.RUNNING, finished_at=None,
                                                updated_at=timezone.now())
-    return len(failed)
+    return Retried(len(failed), tuple(replaced))
 
 
-def cancel(flow_id: int, *, tenant_id: str | None = None) -> int:
+def cancel(flow_id: int, *, scope: Scope = PLATFORM) -> int:
     """Drop every step that has not run and mark the flow CANCELLED; returns how many steps
-    were dropped. Refused (``FlowRunning``), changing nothing, while a step runs."""
+    were dropped. Refused (``FlowRunning``), changing nothing, while a step runs.
+    ``scope`` as for ``retry``."""
     with transaction.atomic():
-        flow = _locked(flow_id, tenant_id)
+        flow = _locked(flow_id, scope)
         if flow.state in (FlowState.COMPLETED, FlowState.CANCELLED):
             raise InvalidStatus(f"flow {flow.id} is {flow.state}: nothing to cancel")
         queued = list(flow.steps.filter(state=StepState.QUEUED))
@@ -353,15 +383,12 @@ def cancel(flow_id: int, *, tenant_id: str | None = None) -> int:
     return dropped
 
 
-def _locked(flow_id: Any, tenant_id: str | None) -> Flow:
-    """The flow, locked for this transaction; another tenant's is not found, like an
+def _locked(flow_id: Any, scope: Scope) -> Flow:
+    """The flow, locked for this transaction; one out of ``scope`` is not found, like an
     unknown id."""
     if isinstance(flow_id, bool) or not isinstance(flow_id, int):
         raise FlowNotFound(flow_id)
-    flows = Flow.objects.select_for_update().filter(id=flow_id)
-    if tenant_id is not None:
-        flows = flows.filter(tenant_id=tenant_id)
-    flow = flows.first()
+    flow = scoped(Flow.objects.select_for_update().filter(id=flow_id), scope).first()
     if flow is None:
         raise FlowNotFound(flow_id)
     return flow
@@ -418,18 +445,29 @@ def definitions() -> list[Definition]:
     return sorted(_definitions.values(), key=lambda d: d.name)
 
 
-def start(name: str, input: Any = None, *, tenant_id: str | None = None,
+def start(name: str, input: Any = None, *, tenant_id: str | Platform | None = None,
           using: str | None = None) -> int:
     """Start the defined flow ``name`` with ``input``; returns the flow's id. An unknown
     name, an input that is not JSON or that the builder refuses: ``InvalidFlow``, nothing
-    written."""
+    written. ``tenant_id`` as for ``chain``.
+
+    A builder refuses an input by raising ``InvalidFlow``; any other exception it raises
+    (a ``KeyError`` for a missing field, say) is taken as a refusal too, naming the flow
+    and the error, since an input comes from an operator and must never fail a request."""
     if not isinstance(name, str) or name not in _definitions:
         raise InvalidFlow("name", f"no flow named {clean(name, 200)!r} is defined")
     try:
         json_text(input, jobs_settings().MAX_PAYLOAD_BYTES)
     except ValueError as exc:
         raise InvalidFlow("input", str(exc)) from None
-    spec = _definitions[name].builder(input)
+    try:
+        spec = _definitions[name].builder(input)
+    except InvalidFlow:
+        raise
+    except Exception as exc:
+        logger.warning("flow %s: its builder refused the input", name, exc_info=True)
+        raise InvalidFlow("input", f"the builder of {name} refused it: "
+                                   f"{type(exc).__name__}: {clean(exc, 300)}") from None
     with transaction.atomic(using=using):
         if isinstance(spec, ChainSpec):
             flow_id = chain(name, spec.steps, tenant_id=tenant_id, target=spec.target,

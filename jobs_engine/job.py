@@ -34,6 +34,7 @@ class Job(NamedTuple):
     created_at: datetime | None = None
     partition: int = 0
     delivery_mode: str = "at_most_once"
+    tenant_id: str | None = None  # the tenant it belongs to; None: the platform's own
 
     @property
     def payload(self) -> Any:

@@ -2,7 +2,9 @@
 pause state, per-key version counters, hourly run statistics and the operators' audit
 trail.
 
-The indexes are named after the query they serve; ``store/`` holds those queries.
+The indexes are named after the query they serve; ``store/`` holds those queries. Jobs,
+completed jobs, flows, statistics and audit records carry the tenant they belong to
+(``tenancy``): NULL, or '' where a unique constraint needs a value, is the platform's own.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ PENDING = Q(status=JobStatus.PENDING)
 TRIES_HELP = ("Long lane: one entry per try that ended: the worker, its start and end, and "
               "the exception's class and traceback when it raised.")
 RUNNING = Q(status=JobStatus.RUNNING)
+TENANT_HELP = "The tenant it belongs to; empty: the platform's own (tenancy)."
+HAS_TENANT = Q(tenant_id__isnull=False)
+
+
+def tenant_field() -> models.CharField:
+    return models.CharField(max_length=200, null=True, blank=True, help_text=TENANT_HELP)
 
 
 class Job(models.Model):
@@ -59,6 +67,7 @@ class Job(models.Model):
     priority = models.SmallIntegerField(default=0, db_default=0,
                                         help_text="Long lane: -100..100, higher runs first.")
     tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
+    tenant_id = tenant_field()
 
     class Meta:
         indexes = [
@@ -81,6 +90,10 @@ class Job(models.Model):
                          name="jobs_dead_by_target"),
             # Admin and API: exact search and filter by key.
             models.Index(fields=["key"], condition=Q(key__isnull=False), name="jobs_key"),
+            # Admin and API of a tenant: its jobs, newest first. Partial: a job without a
+            # tenant (every job of a single-tenant project) writes no entry.
+            models.Index(fields=["tenant_id", "-id"], condition=HAS_TENANT,
+                         name="jobs_by_tenant"),
         ]
         constraints = [
             # The enqueue's ON CONFLICT target. A constraint, not ``unique=True``: for that,
@@ -125,12 +138,15 @@ class CompletedJob(models.Model):
     finished_at = models.DateTimeField()
     duration_ms = models.FloatField(default=0.0)
     tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
+    tenant_id = tenant_field()
 
     class Meta:
         db_table = "jobs_engine_done"
         indexes = [
             # Retention: the newest keep_completed of a target stay (also the admin filter).
             models.Index(fields=["target", "finished_at", "id"], name="jobs_done_by_target"),
+            models.Index(fields=["tenant_id", "-id"], condition=HAS_TENANT,
+                         name="jobs_done_by_tenant"),
         ]
 
     @property
@@ -153,7 +169,7 @@ class Flow(models.Model):
                              default=FlowState.RUNNING)
     definition = models.CharField(max_length=200, blank=True, default="",
                                   help_text="The defined flow it was started from, if any.")
-    tenant_id = models.CharField(max_length=200, null=True, blank=True)
+    tenant_id = tenant_field()
     steps_total = models.IntegerField()
     steps_done = models.IntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -279,8 +295,10 @@ class VersionCounter(models.Model):
 
 
 class JobStat(models.Model):
-    """Runs per hour, target and outcome (ok, retried, paused, dead): retention adds the
-    ``JobStatShard`` rows to them every pass. The admin chart and ``/metrics`` read both."""
+    """Runs per hour, target and outcome (ok, retried, paused, dead) as workers of the
+    first release (0.1.0) count them, into one row per bucket; kept so those workers go on
+    counting during a rolling upgrade. Workers of later releases count into
+    ``JobStatShard``. The admin's statistics and ``/metrics`` read both."""
 
     hour = models.DateTimeField(help_text="Start of the hour (UTC).")
     target = models.CharField(max_length=200)
@@ -298,35 +316,43 @@ class JobStat(models.Model):
 
 
 class JobStatShard(models.Model):
-    """Runs per hour, target and outcome as one database session counted them: written by
-    the outcome path in one upsert per batch of outcomes, into the writing session's shard.
+    """Runs per hour, target, tenant and outcome as one database session counted them:
+    written by the outcome path in one upsert per batch of outcomes, into the writing
+    session's shard; every retention pass adds the shards of a bucket into its ``FOLDED``
+    row and removes them.
 
     The upsert locks its row until the outcome's commit; with one row per bucket every
     worker's outcome writes waited for the others' commits (17-30% of three long-lane
     workers' running time). A table of its own, so ``JobStat`` keeps its bucket, which
-    workers of earlier releases still add to while a new release rolls out."""
+    workers of the first release still add to while a new release rolls out."""
+
+    FOLDED = -1  # the shard retention adds a bucket's shards into
 
     hour = models.DateTimeField(help_text="Start of the hour (UTC).")
     target = models.CharField(max_length=200)
     outcome = models.CharField(max_length=16)
-    shard = models.SmallIntegerField(help_text="The counting session's shard.")
+    # '' for none: a unique constraint tells NULLs apart, so upserts of NULL never met.
+    tenant_id = models.CharField(max_length=200, blank=True, default="", db_default="",
+                                 help_text=TENANT_HELP)
+    shard = models.SmallIntegerField(help_text="The counting session's shard; -1: folded.")
     count = models.BigIntegerField(default=0)
 
     class Meta:
         constraints = [
             # The upsert's conflict target; its index also serves "the last 48 hours".
-            models.UniqueConstraint(fields=["hour", "target", "outcome", "shard"],
-                                    name="job_stat_shards_bucket"),
+            models.UniqueConstraint(fields=["hour", "target", "outcome", "tenant_id", "shard"],
+                                    name="job_stat_shards_tenant_bucket"),
         ]
 
     def __str__(self) -> str:
         return (f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}"
-                f"[{self.shard}]={self.count}")
+                f"[{self.tenant_id or '-'}:{self.shard}]={self.count}")
 
 
 class AuditRecord(models.Model):
-    """One operator action (retry, skip, cancel, resume, schedule changes): who, when,
-    what, on which row, and whether it was done or refused."""
+    """One operator action (retry, skip, cancel, resume, schedule and flow actions): who,
+    when, what, on which row, and whether it was done or refused; it belongs to the tenant
+    the operator acted for (none: seen by the platform operator only)."""
 
     class Result(models.TextChoices):
         OK = "ok", "Done"
@@ -340,9 +366,12 @@ class AuditRecord(models.Model):
     object_id = models.CharField(max_length=255)
     result = models.CharField(max_length=8, choices=Result.choices)
     message = models.TextField(blank=True, default="")
+    tenant_id = tenant_field()
 
     class Meta:
-        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object")]
+        indexes = [models.Index(fields=["object_type", "object_id"], name="audit_object"),
+                   models.Index(fields=["tenant_id", "-id"], condition=HAS_TENANT,
+                                name="audit_by_tenant")]
 
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.username or '-'} {self.action} " \

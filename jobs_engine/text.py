@@ -92,6 +92,16 @@ def _encode(value: Any) -> str:
         raise
 
 
+def load_json(text: str | bytes) -> Any:
+    """``json.loads``, with input nested too deep for the decoder (a form's hostile
+    ``[[[[…``) refused as any other text that is not JSON: ``ValueError``."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError(f"nested more than MAX_PAYLOAD_DEPTH ({MAX_PAYLOAD_DEPTH}) deep"
+                         ) from None
+
+
 def json_text(value: Any, max_bytes: int | None = None) -> str:
     """``value`` as the JSON text to store; ``ValueError`` naming the problem if JSON,
     either database or a worker's decoder could not take it (callers name the field).

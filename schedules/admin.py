@@ -4,7 +4,8 @@ set override (an intermediate form that validates the cron in each schedule's zo
 override and run now.
 
 Rows are never edited here: every action calls ``schedules.operations``, which writes the
-audit record. Users with ``jobs_engine.manage_jobs`` see and act, as on the jobs pages.
+audit record. Users with ``jobs_engine.manage_jobs`` see and act, as on the jobs pages, on
+their tenant's schedules (``tenancy``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from django.utils.html import format_html
 from jobs_engine.errors import OperationRefused
 from jobs_engine.operators.actions import audit
 from jobs_engine.operators.admin_base import BULK_LIMIT, ManagedAdmin, run_bulk
+from jobs_engine.tenancy import tenant_of
 from schedules import operations
 from schedules.models import Schedule
 
@@ -77,7 +79,7 @@ class ScheduleAdmin(ManagedAdmin):
                "run_now_selected")
     fieldsets = (
         (None, {"fields": ("code", "enabled", "cron", "cron_override", "timezone",
-                           "missed_slot_policy", "max_attempts")}),
+                           "missed_slot_policy", "max_attempts", "tenant_id")}),
         ("Runs", {"fields": ("next_run", "next_run_at", "last_run", "last_finished_at",
                              "last_skip", "updated_at")}),
     )
@@ -109,11 +111,14 @@ class ScheduleAdmin(ManagedAdmin):
     # -- actions ---------------------------------------------------------------------------
 
     def _each(self, request: HttpRequest, queryset: QuerySet, verb: str,
-              action: Callable[[str, Any], Any],
+              action: Callable[..., Any],
               describe: Callable[[str, Any], str] | None = None) -> None:
-        """``run_bulk`` over the selected codes, each named in the message."""
+        """``run_bulk`` over the selected codes, each named in the message, in the user's
+        tenant."""
         codes = list(queryset.order_by("code").values_list("code", flat=True)[:BULK_LIMIT + 1])
-        run_bulk(self, request, codes, verb, "schedule", action,
+        scope = tenant_of(request)
+        run_bulk(self, request, codes, verb, "schedule",
+                 lambda code, user: action(code, user, scope=scope),
                  describe or (lambda code, _result: code))
 
     @admin.action(description="Enable selected schedules", permissions=["manage"])
@@ -156,14 +161,15 @@ class ScheduleAdmin(ManagedAdmin):
                 cron = form.cleaned_data["cron_override"]
                 self._each(request, queryset.filter(pk__in=[r.pk for r in rows]),
                            "Set the override of",
-                           lambda code, user: operations.set_cron_override(code, cron, user),
+                           lambda code, user, scope: operations.set_cron_override(
+                               code, cron, user, scope=scope),
                            lambda code, row: f"{code} (on {row.cron_override}, next run "
                                              f"{operations.next_run_text(row)})")
                 return None  # back to the list, with the messages
             problem = "; ".join(form.errors.get("cron_override", ["invalid"]))
             for row in rows:
                 audit(request.user, operations.OVERRIDE, operations.SCHEDULE, row.code,
-                      ok=False, message=problem)
+                      ok=False, message=problem, scope=tenant_of(request))
         else:
             initial = rows[0].cron_override or rows[0].cron if len(rows) == 1 else ""
             form = CronOverrideForm(initial={"cron_override": initial}, schedules=rows)

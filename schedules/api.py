@@ -6,7 +6,9 @@ API's own (see ``jobs_engine.operators.api``); every action goes through ``sched
 which writes the audit record. Errors: 404 ``not_found`` for an unknown or malformed code,
 400 ``invalid_cron`` for a bad override (nothing changed), 400 ``validation_error`` for a
 query parameter, a body field no route uses or a body sent to a route that takes none,
-409 ``invalid_status`` for run now of a row no code declares.
+409 ``invalid_status`` for run now of a row no code declares. Every route is bound to the
+caller's tenant: another tenant's schedule is not listed and answers 404, as an unknown
+code.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
 from jobs_engine.operators.api import BodyIn, errors
+from jobs_engine.tenancy import tenant_of
 from schedules import operations
 from schedules.declarations import MAX_CODE_LENGTH
 from schedules.models import Schedule
@@ -86,44 +89,48 @@ router = Router(tags=["schedules"])
 def list_schedules(request: HttpRequest) -> dict[str, Any]:
     """Every schedule row, sorted by code; next run in UTC and in the schedule's zone.
     Query parameters are refused (there are no filters)."""
-    return {"data": [schedule_out(row) for row in operations.list_schedules()]}
+    return {"data": [schedule_out(row)
+                     for row in operations.list_schedules(tenant_of(request))]}
 
 
 @router.post("/{code}/enable", response={200: ScheduleOut, **errors(404, 413)},
              summary="Enable a schedule")
 def enable(request: HttpRequest, code: Code) -> dict[str, Any]:
     """The next slot is the first after now (slots missed while disabled are dropped)."""
-    return schedule_out(operations.enable(code, request.user))
+    return schedule_out(operations.enable(code, request.user, scope=tenant_of(request)))
 
 
 @router.post("/{code}/disable", response={200: ScheduleOut, **errors(404, 413)},
              summary="Disable a schedule")
 def disable(request: HttpRequest, code: Code) -> dict[str, Any]:
     """No new slots; a slot already enqueued still runs."""
-    return schedule_out(operations.disable(code, request.user))
+    return schedule_out(operations.disable(code, request.user, scope=tenant_of(request)))
 
 
 @router.post("/{code}/run", response={200: RunNowOut, **errors(404, 409, 413)},
              summary="Run a schedule now, once")
 def run_now(request: HttpRequest, code: Code) -> dict[str, Any]:
     """One extra job for the current second, besides the regular slots."""
-    result = operations.run_now(code, request.user)
+    result = operations.run_now(code, request.user, scope=tenant_of(request))
     return {"code": code, "inserted": result.inserted, "job_id": result.job_id}
 
 
-@router.put("/{code}/cron_override", response={200: ScheduleOut, **errors(400, 404, 413)},
+@router.put("/{code}/cron_override",
+            response={200: ScheduleOut, **errors(400, 404, 413, 415)},
             summary="Set the cron override")
 def set_cron_override(request: HttpRequest, code: Code, body: CronOverrideIn
                       ) -> dict[str, Any]:
     """A bad cron answers 400 ``invalid_cron`` naming the problem; nothing changes."""
-    return schedule_out(operations.set_cron_override(code, body.cron_override, request.user))
+    return schedule_out(operations.set_cron_override(code, body.cron_override, request.user,
+                                                     scope=tenant_of(request)))
 
 
 @router.delete("/{code}/cron_override", response={200: ScheduleOut, **errors(404, 413)},
                summary="Clear the cron override")
 def clear_cron_override(request: HttpRequest, code: Code) -> dict[str, Any]:
     """Back to the declared cron; the next slot follows it."""
-    return schedule_out(operations.clear_cron_override(code, request.user))
+    return schedule_out(operations.clear_cron_override(code, request.user,
+                                                       scope=tenant_of(request)))
 
 
 _attached: list[bool] = []

@@ -22,6 +22,7 @@ from jobs_engine.job import Job
 from jobs_engine.policies import JobPolicy
 from jobs_engine.registry import Handler, register_target, unregister_target
 from jobs_engine.states import DeliveryMode, Lane
+from jobs_engine.tenancy import tenant_id_problem
 from schedules.cron import CronSpec, parse_cron
 from schedules.errors import DuplicateSchedule, InvalidSchedule
 
@@ -50,6 +51,7 @@ class Declaration:
     handler: SlotHandler
     missed_slot_policy: MissedSlotPolicy
     max_attempts: int
+    tenant_id: str | None = None
 
     @property
     def target(self) -> str:
@@ -110,7 +112,8 @@ def _slot_job_handler(code: str) -> Handler:
 
 def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC",
             missed_slot_policy: MissedSlotPolicy | str | None = None,
-            max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> Declaration:
+            max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+            tenant_id: str | None = None) -> Declaration:
     """Declare a cron schedule; call it from your app's ``AppConfig.ready()``.
 
     ``handler(slot, job)`` runs on the long lane once per slot: ``slot`` is the slot time
@@ -123,7 +126,9 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
     ``skip``; by default ``skip`` when slots come every 5 minutes or more often, else
     ``run_once``. ``max_attempts``: the **total number of runs** of one slot (3 = the first
     run and 2 retries, 60 s then 120 s after: ``slot_policy``); then the slot's job is DEAD
-    and the next slot runs as usual.
+    and the next slot runs as usual. ``tenant_id``: the tenant the schedule and its slots'
+    jobs belong to (None: the platform's own); only that tenant's operators, and the
+    platform operator, see and steer it.
 
     Raises ``InvalidCron`` (bad cron, unknown time zone, never fires within 5 years),
     ``DuplicateSchedule`` (the code is declared already) or ``InvalidSchedule``; nothing is
@@ -139,6 +144,10 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
         raise InvalidSchedule("max_attempts", f"must be an integer >= 1 (total runs per slot), "
                                               f"got {max_attempts!r}")
+    if tenant_id is not None:
+        problem = tenant_id_problem(tenant_id)
+        if problem is not None:
+            raise InvalidSchedule("tenant_id", problem)
     spec = parse_cron(cron, timezone)
     if missed_slot_policy is None:
         policy = default_policy(spec)
@@ -151,7 +160,7 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
                                   f"got {missed_slot_policy!r}") from None
     declaration = Declaration(code=code, cron=spec.expression, timezone=spec.timezone,
                               handler=handler, missed_slot_policy=policy,
-                              max_attempts=max_attempts)
+                              max_attempts=max_attempts, tenant_id=tenant_id)
     with _lock:
         if code in _declared:
             raise DuplicateSchedule(code)

@@ -31,6 +31,9 @@ class Schedule(models.Model):
     last_skipped_at = models.DateTimeField(null=True, blank=True,
                                            help_text="The newest slot time that was skipped.")
     last_skip_reason = models.TextField(blank=True, default="")
+    tenant_id = models.CharField(max_length=200, null=True, blank=True,
+                                 help_text="Declared in code: the tenant its slots' jobs "
+                                           "belong to; empty: the platform's own.")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

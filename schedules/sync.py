@@ -1,9 +1,9 @@
 """Boot sync: the row of every declared schedule, upserted from its declaration.
 
-Code-owned fields (``cron``, ``timezone``, ``missed_slot_policy``, ``max_attempts``) are
-overwritten; admin-owned ``enabled`` and ``cron_override`` are kept. A new row gets the
-first slot after now; an existing row keeps its ``next_run_at`` unless the cron it runs on
-(or its zone) changed, so a restart neither loses nor repeats a slot.
+Code-owned fields (``cron``, ``timezone``, ``missed_slot_policy``, ``max_attempts``,
+``tenant_id``) are overwritten; admin-owned ``enabled`` and ``cron_override`` are kept. A
+new row gets the first slot after now; an existing row keeps its ``next_run_at`` unless
+the cron it runs on (or its zone) changed, so a restart neither loses nor repeats a slot.
 
 It runs when a worker with the schedules lane starts, when ``tick_schedules`` starts (also
 under ``JOBS_WORKERS=off``), after ``migrate``, and whenever ``sync_declared()`` is called.
@@ -65,7 +65,8 @@ def row_spec(row: Schedule) -> CronSpec:
 def _sync_one(declaration: Declaration, now: datetime) -> int:
     code_owned = {"cron": declaration.cron, "timezone": declaration.timezone,
                   "missed_slot_policy": declaration.missed_slot_policy.value,
-                  "max_attempts": declaration.max_attempts}
+                  "max_attempts": declaration.max_attempts,
+                  "tenant_id": declaration.tenant_id}
     with transaction.atomic():
         row = Schedule.objects.select_for_update().filter(code=declaration.code).first()
         if row is None:

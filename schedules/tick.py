@@ -27,6 +27,7 @@ from django.db.models import Min
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
 from jobs_engine.enqueueing import enqueue
+from jobs_engine.tenancy import PLATFORM
 from schedules.declarations import (
     MissedSlotPolicy,
     declared,
@@ -100,7 +101,8 @@ def _tick_row(row: Schedule, now: datetime, settings: JobsSettings, report: Tick
         result = None
         if not skip_late:
             result = enqueue(target_name(row.code), {"slot": slot_iso(newest)}, code=row.code,
-                             dedupe_key=slot_dedupe_key(row.code, newest))
+                             dedupe_key=slot_dedupe_key(row.code, newest),
+                             tenant_id=row.tenant_id or PLATFORM)
     if newest > due or late_s > settings.GRACE_S:
         logger.warning("schedule missed code=%s first_missed=%s newest=%s late_s=%.0f "
                        "policy=%s action=%s", row.code, slot_iso(due), slot_iso(newest), late_s,

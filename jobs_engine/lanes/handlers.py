@@ -46,7 +46,7 @@ def _result(target: Target, value: Any) -> Handed:
 
 
 def call_handler(target: Target, job: Job) -> Handed:
-    with job_context(job.trace_id, {"via": "system", "origin": job.actor}):
+    with job_context(job.trace_id, {"via": "system", "origin": job.actor}, job.tenant_id):
         try:
             value = target.handler(_as_handed(target, job))
         except Exception as exc:  # every failure is an outcome, never a crashed worker
@@ -58,7 +58,10 @@ def call_batch_handler(target: Target, jobs: Sequence[Job]) -> list[Handed]:
     """The batch handler returns, per job and in order, an exception or a result."""
     assert target.batch_handler is not None
     handed = [RawPayloadJob(*job) for job in jobs] if target.payload_json else jobs
-    with job_context(jobs[0].trace_id, {"via": "system"}):
+    # Jobs it enqueues belong to the send's tenant, when every job of the send has one.
+    tenants = {job.tenant_id for job in jobs}
+    tenant = next(iter(tenants)) if len(tenants) == 1 else None
+    with job_context(jobs[0].trace_id, {"via": "system"}, tenant):
         try:
             values = list(target.batch_handler(handed))
         except Exception as exc:

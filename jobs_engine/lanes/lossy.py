@@ -32,7 +32,7 @@ def hand_off(target: Target, new: NewJob, settings: JobsSettings) -> None:
         _pool = ThreadPoolExecutor(2, thread_name_prefix="jobs-lossy")
     job = Job(None, new.target, new.code, new.key, new.version, new.payload_json, new.headers,
               0, new.trace_id, new.dedupe_key, new.actor, None, new.partition,
-              new.delivery_mode)
+              new.delivery_mode, new.tenant_id)
     _pool.submit(_run, target, job)
 
 

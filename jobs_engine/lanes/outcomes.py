@@ -251,7 +251,8 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     # Last: the hourly bucket is the row every worker's outcomes update, locked from here
     # to the commit. A failure fails the whole write, which is then written again.
     if written:
-        store.job_stats_add(Counter((hour, r.job.target, r.outcome.kind.value)
+        store.job_stats_add(Counter(store.StatBucket(hour, r.job.target, r.outcome.kind.value,
+                                                     r.job.tenant_id or "")
                                     for r in written))
     return written
 
@@ -277,15 +278,16 @@ def stat_hour(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
 
-def count_runs(runs: Sequence[tuple[str, OutcomeKind]], now: datetime) -> None:
-    """Add (target, outcome) runs to the hourly statistics in one statement, outside any
-    outcome write (rows a rescue or a takeover closed). Statistics are evidence, not
-    state: a failed write is logged and the rows stay closed."""
+def count_runs(runs: Sequence[tuple[str, str | None, OutcomeKind]], now: datetime) -> None:
+    """Add (target, tenant, outcome) runs to the hourly statistics in one statement,
+    outside any outcome write (rows a rescue or a takeover closed). Statistics are
+    evidence, not state: a failed write is logged and the rows stay closed."""
     if not runs:
         return
     hour = stat_hour(now)
     try:
-        store.job_stats_add(Counter((hour, target, kind.value) for target, kind in runs))
+        store.job_stats_add(Counter(store.StatBucket(hour, target, kind.value, tenant or "")
+                                    for target, tenant, kind in runs))
     except Exception as exc:
         if not is_database_fault(exc):
             logger.exception("job statistics not written for %s runs", len(runs))
@@ -304,4 +306,5 @@ def announce_closed(closed: Sequence[store.ClosedJob]) -> None:
     """Rows a takeover or a lease rescue presumed DEAD: alerts, and dead runs counted."""
     for job in closed:
         announce_dead(job.id, job.target, job.code, job.dedupe_key, job.reason)
-    count_runs([(job.target, OutcomeKind.DEAD) for job in closed], timezone.now())
+    count_runs([(job.target, job.tenant_id, OutcomeKind.DEAD) for job in closed],
+               timezone.now())

@@ -52,6 +52,7 @@ from jobs_engine.operators.admin_base import (
 )
 from jobs_engine.policies import DEFAULT_POLICY, RUN_ONCE_POLICY
 from jobs_engine.states import JobStatus, Lane
+from jobs_engine.tenancy import PLATFORM, Scope, scoped, tenant_of
 
 # -- job list filters (none of them reads the table to build its choices) ------------------
 
@@ -164,9 +165,11 @@ class JobChangeList(EngineChangeList):
 
 
 def _bulk_jobs(modeladmin: ManagedAdmin, request: HttpRequest, queryset: QuerySet, verb: str,
-               action: Callable[[int, Any], Any]) -> None:
+               action: Callable[..., Any]) -> None:
     ids = list(queryset.order_by("-id").values_list("id", flat=True)[: BULK_LIMIT + 1])
-    run_bulk(modeladmin, request, ids, verb, "job", action)
+    scope = tenant_of(request)
+    run_bulk(modeladmin, request, ids, verb, "job",
+             lambda job_id, user: action(job_id, user, scope=scope))
 
 
 class JobRowAdmin(ManagedAdmin):
@@ -241,6 +244,16 @@ class JobRowAdmin(ManagedAdmin):
     def policy(self, obj: Job | CompletedJob) -> str:
         return policy_text(obj.target)
 
+    @admin.display(description="flow")
+    def flow(self, obj: Job | CompletedJob) -> str:
+        """The flow whose step this job runs: act on the flow, not on the job."""
+        owner = store.job_owner(obj.id)
+        if owner is None or owner.flow_id is None:
+            return "-"
+        return format_html('<a href="{}">step {} of flow {}</a> (retry or cancel the flow)',
+                           reverse("admin:jobs_engine_flow_change", args=[owner.flow_id]),
+                           owner.step_position, owner.flow_id)
+
 
 def policy_text(target: str) -> str:
     """The policy the workers apply to ``target`` (as this process registered it)."""
@@ -264,15 +277,16 @@ class JobAdmin(JobRowAdmin):
     actions = ("retry_selected", "skip_selected", "cancel_selected")
     change_form_template = "admin/jobs_engine/job/change_form.html"
     fieldsets = (
-        (None, {"fields": ("id", "status", "target", "policy", "code", "lane", "key",
-                           "version", "partition", "dedupe_key", "delivery_mode")}),
+        (None, {"fields": ("id", "status", "target", "policy", "flow", "code", "lane", "key",
+                           "version", "partition", "dedupe_key", "delivery_mode",
+                           "tenant_id")}),
         ("Run", {"fields": ("attempts", "priority", "next_run_at", "last_error_text",
                             "tries_text", "closed_at", "created_at", "updated_at")}),
         ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
         ("Claim", {"fields": ("claimed_by", "claim_token", "lease_until", "started_at",
                               "running_code", "outcome_token")}),
     )
-    readonly_fields = ("policy", "last_error_text", "tries_text", "payload_json",
+    readonly_fields = ("policy", "flow", "last_error_text", "tries_text", "payload_json",
                        "headers_json", "actor_json")
     private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
                "last_error": "last_error_text", "tries": "tries_text"}
@@ -291,8 +305,10 @@ class JobAdmin(JobRowAdmin):
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict[str, Any] | None = None) -> HttpResponse:
         """A job that completed since its link was made is on the completed jobs' page."""
-        if self.names_a_row(object_id) and not Job.objects.filter(pk=object_id).exists() \
-                and CompletedJob.objects.filter(pk=object_id).exists():
+        scope = tenant_of(request)
+        if self.names_a_row(object_id) \
+                and not scoped(Job.objects.filter(pk=object_id), scope).exists() \
+                and scoped(CompletedJob.objects.filter(pk=object_id), scope).exists():
             return HttpResponseRedirect(
                 reverse("admin:jobs_engine_completedjob_change", args=[object_id]))
         return super().change_view(request, object_id, form_url, extra_context)
@@ -335,7 +351,7 @@ class JobAdmin(JobRowAdmin):
                      "cancel": actions.cancel_job}[action]
         change_url = reverse("admin:jobs_engine_job_change", args=[object_id])
         try:
-            operation(object_id, request.user)
+            operation(object_id, request.user, scope=tenant_of(request))
         except OperationRefused as exc:
             self.message_user(request, f"Not done: {exc.message}", messages.ERROR)
             gone = isinstance(exc, JobNotFound)
@@ -366,14 +382,15 @@ class CompletedJobAdmin(JobRowAdmin):
                     "duration", "finished_at")
     list_filter = (CompletedStatusFilter, LaneFilter, TargetFilter, CodeFilter, KeyFilter)
     fieldsets = (
-        (None, {"fields": ("id", "status", "target", "policy", "code", "lane", "key",
-                           "version", "partition", "dedupe_key", "delivery_mode")}),
+        (None, {"fields": ("id", "status", "target", "policy", "flow", "code", "lane", "key",
+                           "version", "partition", "dedupe_key", "delivery_mode",
+                           "tenant_id")}),
         ("Run", {"fields": ("attempts", "created_at", "started_at", "finished_at",
                             "duration", "tries_text")}),
         ("Result", {"fields": ("result_json",)}),
         ("Content", {"fields": ("payload_json", "headers_json", "trace_id", "actor_json")}),
     )
-    readonly_fields = ("status", "policy", "duration", "result_json", "tries_text",
+    readonly_fields = ("status", "policy", "flow", "duration", "result_json", "tries_text",
                        "payload_json", "headers_json", "actor_json")
     private = {"payload": "payload_json", "headers": "headers_json", "actor": "actor_json",
                "result": "result_json", "tries": "tries_text"}
@@ -410,10 +427,16 @@ class CompletedJobChangeList(EngineChangeList):
             "payload", "headers", "result", "actor", "tries")
 
 
-def target_rows() -> list[dict[str, Any]]:
-    """Each registered target with its lane, delivery mode, policy and the jobs kept; then
-    names with kept jobs that no target of this process registers."""
-    done, dead = store.done_counts(), store.dead_counts()
+def target_rows(scope: Scope = PLATFORM) -> list[dict[str, Any]]:
+    """Each registered target with its lane, delivery mode, policy and the jobs kept of
+    ``scope``; then names with kept jobs that no target of this process registers."""
+    if scope is None:
+        done: dict[str, int] = {}
+        dead: dict[str, int] = {}
+    else:
+        of_tenant = None if scope is PLATFORM else scope
+        done = store.done_counts(of_tenant=of_tenant)
+        dead = store.dead_counts(of_tenant=of_tenant)
     rows = [{"name": t.name, "lane": t.lane.value, "delivery_mode": t.delivery_mode.value,
              "policy": t.policy, "policy_name": SHIPPED_POLICIES.get(t.policy, ""),
              "done": done.get(t.name, 0), "dead": dead.get(t.name, 0), "registered": True}
@@ -427,7 +450,10 @@ def target_rows() -> list[dict[str, Any]]:
 @admin.register(RegisteredTarget)
 class RegisteredTargetAdmin(ManagedAdmin):
     """The targets this process registers and their policies: read from the registry,
-    not from a table, so the page shows what the code declares."""
+    not from a table, so the page shows what the code declares (the jobs kept: the
+    user's tenant's)."""
+
+    tenant_field = None
 
     def get_urls(self) -> list[URLPattern]:
         return [path("", self.admin_site.admin_view(require_GET(self.changelist_view)),
@@ -438,7 +464,8 @@ class RegisteredTargetAdmin(ManagedAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         context = {**self.admin_site.each_context(request), "opts": self.model._meta,
-                   "title": "Targets and their policies", "rows": target_rows(),
+                   "title": "Targets and their policies",
+                   "rows": target_rows(tenant_of(request)),
                    **(extra_context or {})}
         return TemplateResponse(request, "admin/jobs_engine/registeredtarget/change_list.html",
                                 context)
@@ -449,6 +476,8 @@ class RegisteredTargetAdmin(ManagedAdmin):
 
 @admin.register(Partition)
 class PartitionAdmin(ManagedAdmin):
+    platform_only = True
+    tenant_field = None
     list_display = ("partition", "owner", "owner_live", "lease_renewed", "lease_until",
                     "in_flight")
     ordering = ("partition",)
@@ -473,6 +502,8 @@ class PartitionAdmin(ManagedAdmin):
 
 @admin.register(Worker)
 class WorkerAdmin(ManagedAdmin):
+    platform_only = True
+    tenant_field = None
     list_display = ("worker_id", "live", "heartbeat", "partitions_held", "lanes", "hostname",
                     "pid", "started_at")
     ordering = ("worker_id",)
@@ -500,6 +531,10 @@ class WorkerAdmin(ManagedAdmin):
 
 @admin.register(TargetPause)
 class TargetPauseAdmin(ManagedAdmin):
+    """A pause is a target's, shared by every tenant's jobs: the platform operator's."""
+
+    platform_only = True
+    tenant_field = None
     list_display = ("target", "state", "reason", "paused_until", "paused_at", "probe_by")
     fields = ("target", "state", "reason", "paused_until", "paused_at", "probe_by")
     readonly_fields = ("state",)
@@ -527,13 +562,25 @@ CHART_OUTCOMES = (("ok", "#3a9a5b"), ("retried", "#e0a800"), ("paused", "#6c8ebf
                   ("dead", "#c0392b"))
 
 
-def chart_rows(now: datetime, target: str | None = None) -> list[dict[str, Any]]:
+def _chart_start(now: datetime) -> datetime:
+    return now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=CHART_HOURS - 1)
+
+
+def _runs_since(first: datetime, scope: Scope) -> list[tuple[datetime, str, str, int]]:
+    """The hourly statistics ``scope`` sees, from ``first`` on."""
+    if scope is None:
+        return []
+    return store.job_stats_since(first, of_tenant=None if scope is PLATFORM else scope)
+
+
+def chart_rows(now: datetime, target: str | None = None, scope: Scope = PLATFORM
+               ) -> list[dict[str, Any]]:
     """One entry per hour of the last ``CHART_HOURS``: counts per outcome and bar heights
-    (percent of the busiest hour)."""
-    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=CHART_HOURS - 1)
+    (percent of the busiest hour), of the runs ``scope`` sees."""
+    first = _chart_start(now)
     hours = {first + timedelta(hours=i): dict.fromkeys((o for o, _ in CHART_OUTCOMES), 0)
              for i in range(CHART_HOURS)}
-    for hour, row_target, outcome, count in store.job_stats_since(first):
+    for hour, row_target, outcome, count in _runs_since(first, scope):
         if (target is None or row_target == target) and hour in hours \
                 and outcome in hours[hour]:
             hours[hour][outcome] += count
@@ -545,24 +592,49 @@ def chart_rows(now: datetime, target: str | None = None) -> list[dict[str, Any]]
             for hour, counts in hours.items()]
 
 
+def target_totals(now: datetime, scope: Scope = PLATFORM) -> list[dict[str, Any]]:
+    """Each target's runs per outcome over the chart's hours, of the runs ``scope`` sees."""
+    outcomes = [o for o, _ in CHART_OUTCOMES]
+    totals: dict[str, dict[str, int]] = {}
+    for _, target, outcome, count in _runs_since(_chart_start(now), scope):
+        if outcome in outcomes:
+            counts = totals.setdefault(target, dict.fromkeys(outcomes, 0))
+            counts[outcome] += count
+    return [{"target": target, "counts": [counts[o] for o in outcomes]}
+            for target, counts in sorted(totals.items())]
+
+
 @admin.register(JobStat)
 class JobStatAdmin(ManagedAdmin):
-    list_display = ("hour", "target", "outcome", "count")
-    list_filter = ("outcome",)
-    ordering = ("-hour", "target", "outcome")
-    change_list_template = "admin/jobs_engine/jobstat/change_list.html"
+    """Runs per hour, target and outcome, of the user's tenant: a chart of the last
+    ``CHART_HOURS`` (``?target=`` narrows it) and each target's totals over them. One page
+    computed from the statistics' tables, not a list of their rows: a bucket's runs are
+    spread over its shards and, while a rolling upgrade lasts, over ``JobStat``."""
+
+    tenant_field = None
+
+    def get_urls(self) -> list[URLPattern]:
+        return [path("", self.admin_site.admin_view(require_GET(self.changelist_view)),
+                     name="jobs_engine_jobstat_changelist")]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
                         ) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
         target = request.GET.get("target") or None
-        extra = {"chart": chart_rows(timezone.now(), target), "chart_hours": CHART_HOURS,
-                 "chart_outcomes": CHART_OUTCOMES, "chart_target": target,
-                 **(extra_context or {})}
-        return super().changelist_view(request, extra)
+        now, scope = timezone.now(), tenant_of(request)
+        context = {**self.admin_site.each_context(request), "opts": self.model._meta,
+                   "title": "Job runs", "chart": chart_rows(now, target, scope),
+                   "totals": target_totals(now, scope), "chart_hours": CHART_HOURS,
+                   "chart_outcomes": CHART_OUTCOMES, "chart_target": target,
+                   **(extra_context or {})}
+        return TemplateResponse(request, "admin/jobs_engine/jobstat/change_list.html", context)
 
 
 @admin.register(AuditRecord)
 class AuditRecordAdmin(ManagedAdmin):
+    """Who did what, in the user's tenant (the platform operator: every tenant's)."""
+
     list_display = ("at", "username", "action", "object_type", "object_id", "result",
                     "message")
     list_filter = ("result", "action", "object_type")

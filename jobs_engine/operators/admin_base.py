@@ -2,10 +2,14 @@
 
 ``ManagedAdmin``: read-only pages that engine managers see whole and act on through
 actions; a staff user with only Django's view permission sees a model's pages without its
-private fields (``may_see_job_text``) and gets no action. Lists never count a whole table
-(capped counts, estimates on PostgreSQL, no facets), so they stay fast with a million
-rows, and filter text no stored value can hold lists nothing instead of failing.
-``run_bulk`` is the one way a bulk action reports what it did and what was refused.
+private fields (``may_see_job_text``) and gets no action. Every page is bound to the
+user's tenant (``tenancy``): a model with a tenant shows the user's tenant's rows only
+(another tenant's row answers as an unknown id), and a model of the whole cluster
+(``platform_only``: workers, partitions, target pauses) shows to the platform operator
+only. Lists never count a whole table (capped counts, estimates on PostgreSQL, no
+facets), so they stay fast with a million rows, and filter text no stored value can hold
+lists nothing instead of failing. ``run_bulk`` is the one way a bulk action reports what
+it did and what was refused.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from django.utils.html import format_html
 from jobs_engine.errors import OperationRefused
 from jobs_engine.models import MANAGE_PERMISSION
 from jobs_engine.operators.queries import CappedCountPaginator
+from jobs_engine.tenancy import is_platform, scoped, tenant_of
 from jobs_engine.text import storable
 
 BULK_LIMIT = 1000  # rows one bulk action handles; "select all" on a million rows stops here
@@ -70,12 +75,33 @@ class EngineChangeList(ChangeList):
 
 class ReadOnlyAdmin(admin.ModelAdmin):
     """Pages that never add, edit or delete a row in place (actions are guarded changes),
-    and lists that never count a whole table."""
+    lists that never count a whole table, and rows of the user's tenant only.
+
+    ``tenant_field``: the column naming a row's tenant (None: the model has none); with
+    ``platform_only`` the pages are the platform operator's alone."""
 
     show_facets = admin.ShowFacets.NEVER  # facet counts scan the table
     show_full_result_count = False
     paginator = CappedCountPaginator
     list_per_page = 100
+    tenant_field: str | None = "tenant_id"
+    platform_only = False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        queryset = super().get_queryset(request)
+        if self.platform_only and not is_platform(request):
+            return queryset.none()
+        if self.tenant_field is None:
+            return queryset
+        return scoped(queryset, tenant_of(request), self.tenant_field)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return (not self.platform_only or is_platform(request)) and \
+            super().has_view_permission(request, obj)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return (not self.platform_only or is_platform(request)) and \
+            super().has_module_permission(request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -97,13 +123,15 @@ class ManagedAdmin(ReadOnlyAdmin):
     private: dict[str, str] = {}
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return can_manage(request) or super().has_view_permission(request, obj)
+        return (not self.platform_only or is_platform(request)) and (
+            can_manage(request) or super().has_view_permission(request, obj))
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return can_manage(request) or super().has_module_permission(request)
+        return (not self.platform_only or is_platform(request)) and (
+            can_manage(request) or super().has_module_permission(request))
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
-        return can_manage(request)
+        return (not self.platform_only or is_platform(request)) and can_manage(request)
 
     # -- private fields --------------------------------------------------------------------
 

@@ -5,7 +5,10 @@ check on unsafe methods: a POST, PUT or DELETE sends the ``csrftoken`` cookie's 
 an ``X-CSRFToken`` header. Session auth without CSRF would let any page the operator
 visits fire retries in their name, so the check stays on; scripts log in once and reuse
 the cookie jar. Only users with ``jobs_engine.manage_jobs`` pass: anonymous → 401,
-others → 403.
+others → 403. Every route is bound to the caller's tenant (``tenancy``): another
+tenant's job or schedule answers exactly as an unknown one (404). The documentation
+(``docs``, ``openapi.json``) is for staff users unless ``JOBS["API_DOCS"]`` says
+otherwise.
 
 Input is strict: a job id in a path is a plain decimal number (``JobId``: ``[1-9][0-9]*``,
 at most 2**63-1; ``1.0``, ``+1``, `` 1``, ``01``, ``1e0``, ``0`` or a larger number names
@@ -16,8 +19,9 @@ none (``refuse_unused_input``).
 Every error has one shape: ``{"status_code", "code", "message": [...]}`` (400
 ``validation_error``, 401 ``unauthorized``, 403 ``forbidden``/``csrf_failed``, 404
 ``not_found`` for unknown or malformed ids and unknown routes, 409 ``invalid_status``,
-413 ``body_too_large``). Other apps (schedules) add their routers to ``api``; their body
-schemas derive from ``BodyIn`` and their filter schemas from ``QueryIn``.
+413 ``body_too_large``, 415 ``unsupported_media_type`` for a form where JSON is taken).
+Other apps (schedules) add their routers to ``api``; their body schemas derive from
+``BodyIn`` and their filter schemas from ``QueryIn``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.http.multipartparser import MultiPartParserError
@@ -42,12 +47,14 @@ from ninja.security.apikey import APIKeyCookie
 from ninja.utils import check_csrf
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, model_validator
 
-from jobs_engine.errors import JobNotFound, OperationRefused
+from jobs_engine.conf import jobs_settings
+from jobs_engine.errors import InvalidSettings, JobNotFound, OperationRefused
 from jobs_engine.models import MANAGE_PERMISSION, CompletedJob, Job
 from jobs_engine.operators import actions
 from jobs_engine.operators.actions import MAX_JOB_ID
 from jobs_engine.operators.queries import capped_count
 from jobs_engine.states import JobStatus
+from jobs_engine.tenancy import scoped, tenant_of
 
 logger = logging.getLogger("jobs_engine")
 
@@ -57,7 +64,7 @@ MAX_LIMIT = 100
 
 CODES = {400: "validation_error", 401: "unauthorized", 403: "forbidden", 404: "not_found",
          405: "method_not_allowed", 409: "invalid_status", 413: "body_too_large",
-         429: "throttled"}
+         415: "unsupported_media_type", 429: "throttled"}
 
 
 def error_body(status_code: int, code: str, messages: Iterable[str]) -> dict[str, Any]:
@@ -98,15 +105,35 @@ class ManagerSession(APIKeyCookie):
                 and check_csrf(request) is not None:
             raise OperationRefused("CSRF check failed: send the csrftoken cookie's value in an "
                                    "X-CSRFToken header", status_code=403, code="csrf_failed")
-        permission = self.permission(request)
-        if not user.has_perm(permission):
-            raise OperationRefused(f"the {permission} permission is required",
+        permissions = self.permissions(request)
+        if not any(user.has_perm(permission) for permission in permissions):
+            raise OperationRefused(f"the {' or '.join(permissions)} permission is required",
                                    status_code=403, code="forbidden")
         return user
 
-    def permission(self, request: HttpRequest) -> str:
-        """The permission a request needs (the jobs and schedules routes: one for all)."""
-        return MANAGE_PERMISSION
+    def permissions(self, request: HttpRequest) -> tuple[str, ...]:
+        """The permissions of which a request needs one (the jobs and schedules routes: one
+        for all)."""
+        return (MANAGE_PERMISSION,)
+
+
+def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The API's documentation (Swagger UI, ``openapi.json``), as ``JOBS["API_DOCS"]``
+    says: for logged-in staff users (others are sent to the login page), for anyone, or
+    for no one (404). It lists every route and field: a map for an attacker."""
+
+    @functools.wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        access = jobs_settings().API_DOCS
+        if access == "off":
+            raise Http404("the API documentation is off (JOBS['API_DOCS'])")
+        user = getattr(request, "user", None)
+        if access != "public" and not (user is not None and user.is_active
+                                       and user.is_staff):
+            return redirect_to_login(request.get_full_path())
+        return view(request, *args, **kwargs)
+
+    return guarded
 
 
 api = NinjaAPI(
@@ -115,6 +142,7 @@ api = NinjaAPI(
     description=__doc__ or "",
     urls_namespace="jobs_api",
     auth=ManagerSession(),
+    docs_decorator=docs_access,
 )
 
 
@@ -162,6 +190,22 @@ def _not_found(request: HttpRequest, exc: Http404) -> HttpResponse:
 @api.exception_handler(RequestDataTooBig)
 def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
     return error_response(413, "body_too_large", [str(exc)])
+
+
+@api.exception_handler(RawPostDataException)
+def _form_body(request: HttpRequest, exc: RawPostDataException) -> HttpResponse:
+    """A multipart form sent where a JSON body is taken (read as a form already, it cannot
+    be read as JSON)."""
+    return error_response(415, "unsupported_media_type",
+                          ["body: send it as application/json, not as a form"])
+
+
+@api.exception_handler(InvalidSettings)
+def _misconfigured(request: HttpRequest, exc: InvalidSettings) -> HttpResponse:
+    """A setting that fails a request (the tenant resolver's answer): logged, and named to
+    the caller, a staff user; nothing was changed."""
+    logger.error("API %s %s: %s", request.method, request.path, exc)
+    return error_response(500, "misconfigured", [str(exc)])
 
 
 @api.exception_handler(SuspiciousOperation)
@@ -344,6 +388,7 @@ class JobOut(Schema):
     lease_until: datetime | None
     started_at: datetime | None
     trace_id: str
+    tenant_id: str | None = Field(description="The tenant it belongs to; null: none.")
     created_at: datetime
     updated_at: datetime
 
@@ -419,7 +464,7 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any
     rows; unknown query parameters are refused, not ignored. ``status=DONE`` lists the
     completed jobs kept by their targets' policies."""
     done = filters.status == JobStatus.DONE
-    queryset = (CompletedJob if done else Job).objects.all()
+    queryset = scoped((CompletedJob if done else Job).objects.all(), tenant_of(request))
     for name in FILTERS:
         value = getattr(filters, name)
         if value is not None and not (done and name == "status"):
@@ -439,10 +484,11 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any
 def get_job(request: HttpRequest, job_id: JobId) -> Job | dict[str, Any]:
     """Waiting, running, DEAD, or DONE and kept by its target's policy (with its
     ``result``); a job not kept is 404."""
-    job = Job.objects.filter(id=job_id).first()
+    scope = tenant_of(request)
+    job = scoped(Job.objects.filter(id=job_id), scope).first()
     if job is not None:
         return job
-    completed = CompletedJob.objects.filter(id=job_id).first()
+    completed = scoped(CompletedJob.objects.filter(id=job_id), scope).first()
     if completed is None:
         raise JobNotFound(job_id)
     return completed_as_job(completed, JobDetail)
@@ -452,13 +498,13 @@ def get_job(request: HttpRequest, job_id: JobId) -> Job | dict[str, Any]:
            summary="Retry a DEAD job")
 def retry_job(request: HttpRequest, job_id: JobId) -> Job:
     """DEAD → PENDING now with attempts 0. Not DEAD (or a concurrent retry won): 409."""
-    return actions.retry_job(job_id, request.user)
+    return actions.retry_job(job_id, request.user, scope=tenant_of(request))
 
 
 @jobs.post("/{job_id}/skip", response={200: Skipped, **errors(404, 409, 413)},
            summary="Delete a DEAD job")
 def skip_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
-    row = actions.skip_job(job_id, request.user)
+    row = actions.skip_job(job_id, request.user, scope=tenant_of(request))
     return {"id": row.id, "skipped": True}
 
 
@@ -467,7 +513,7 @@ def skip_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
 def cancel_job(request: HttpRequest, job_id: JobId) -> dict[str, Any]:
     """A PENDING row not in flight, or a long-lane RUNNING row not yet started; a row
     being sent or run answers 409."""
-    row = actions.cancel_job(job_id, request.user)
+    row = actions.cancel_job(job_id, request.user, scope=tenant_of(request))
     return {"id": row.id, "cancelled": True, "was": row.status}
 
 

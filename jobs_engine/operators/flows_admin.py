@@ -2,10 +2,12 @@
 its steps as a chain or a fan-in (state, attempts, why one failed, links to the step jobs);
 start a defined flow (its description and a JSON input), retry, cancel.
 
-Reading needs Django's ``view_flow`` permission, acting ``manage_flows``; every page is
-bound to the user's tenant (``tenancy.tenant_of``): another tenant's flow is a 404, as an
-unknown id. Every action goes through ``jobs_engine.flows``, which refuses in the wrong
-state and changes nothing; the refusal is shown as a message.
+Reading needs Django's ``view_flow`` permission or ``manage_flows`` (who acts on flows
+sees them); a step's result and error, which may hold what a payload holds, need
+``jobs_engine.manage_jobs`` as a job's do. Every page is bound to the user's tenant
+(``tenancy.tenant_of``): another tenant's flow is a 404, as an unknown id. Every action
+goes through ``operators.actions`` (``jobs_engine.flows`` and an audit record), which
+refuses in the wrong state and changes nothing; the refusal is shown as a message.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
@@ -23,7 +24,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from jobs_engine import flows
-from jobs_engine.errors import InvalidFlow, OperationRefused
+from jobs_engine.errors import OperationRefused
 from jobs_engine.models import (
     MANAGE_FLOWS_PERMISSION,
     CompletedJob,
@@ -31,9 +32,11 @@ from jobs_engine.models import (
     FlowStep,
     Job,
 )
-from jobs_engine.operators.admin_base import ReadOnlyAdmin, age
+from jobs_engine.operators import actions
+from jobs_engine.operators.admin_base import HIDDEN_TEXT, ReadOnlyAdmin, age, may_see_job_text
 from jobs_engine.states import StepRole
 from jobs_engine.tenancy import tenant_of
+from jobs_engine.text import load_json
 
 
 def can_manage_flows(request: HttpRequest) -> bool:
@@ -48,10 +51,11 @@ class FlowAdmin(ReadOnlyAdmin):
     ordering = ("-id",)
     change_form_template = "admin/jobs_engine/flow/change_form.html"
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet[Flow]:
-        tenant = tenant_of(request)
-        flows_seen = super().get_queryset(request)
-        return flows_seen if tenant is None else flows_seen.filter(tenant_id=tenant)
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return super().has_view_permission(request, obj) or can_manage_flows(request)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return super().has_module_permission(request) or can_manage_flows(request)
 
     @admin.display(description="progress")
     def progress(self, obj: Flow) -> str:
@@ -75,6 +79,7 @@ class FlowAdmin(ReadOnlyAdmin):
         context = {**self.admin_site.each_context(request), "opts": self.model._meta,
                    "title": f"{flow.name} #{flow.id}", "flow": flow, "original": flow,
                    "progress": self.progress(flow), "can_manage": can_manage_flows(request),
+                   "text_shown": may_see_job_text(request), "hidden_text": HIDDEN_TEXT,
                    "chain": rows[StepRole.STEP], "jobs": rows[StepRole.JOB],
                    "callback": rows[StepRole.CALLBACK], **(extra_context or {})}
         return TemplateResponse(request, self.change_form_template, context)
@@ -107,12 +112,13 @@ class FlowAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         flow = self._visible(request, object_id)
         page = reverse("admin:jobs_engine_flow_change", args=[flow.id])
+        scope = tenant_of(request)
         try:
             if action == "retry":
-                count = flows.retry(flow.id, tenant_id=tenant_of(request))
-                done = f"Flow {flow.id}: {count} failed step(s) queued again."
+                retried = actions.retry_flow(flow.id, request.user, scope=scope)
+                done = f"Flow {flow.id}: {retried.steps} failed step(s) queued again."
             else:
-                count = flows.cancel(flow.id, tenant_id=tenant_of(request))
+                count = actions.cancel_flow(flow.id, request.user, scope=scope)
                 done = f"Flow {flow.id} cancelled: {count} step(s) dropped."
         except OperationRefused as exc:
             self.message_user(request, f"Not done: {exc.message}", messages.ERROR)
@@ -129,18 +135,19 @@ class FlowAdmin(ReadOnlyAdmin):
             "input", "null"), ""
         if request.method == "POST":
             try:
-                value = json.loads(raw)
+                value = load_json(raw)
             except ValueError as exc:
                 problem = f"input: not JSON ({exc})"
             else:
                 try:
-                    flow_id = flows.start(chosen, value, tenant_id=tenant_of(request))
-                except InvalidFlow as exc:
-                    problem = f"{exc.field}: {exc.problem}"
+                    flow = actions.start_flow(chosen, value, request.user,
+                                              scope=tenant_of(request))
+                except OperationRefused as exc:
+                    problem = exc.message
                 else:
                     self.message_user(request, f"Flow {chosen} started.", messages.SUCCESS)
                     return HttpResponseRedirect(
-                        reverse("admin:jobs_engine_flow_change", args=[flow_id]))
+                        reverse("admin:jobs_engine_flow_change", args=[flow.id]))
             self.message_user(request, f"Not started: {problem}", messages.ERROR)
         context = {**self.admin_site.each_context(request), "opts": self.model._meta,
                    "title": "Start a job flow", "definitions": definitions,

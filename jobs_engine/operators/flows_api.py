@@ -1,10 +1,11 @@
 """The flows' routes of the JSON API, under ``/api/v1/job-flows``.
 
 Same session auth, CSRF check, strict input and error shape as the jobs routes
-(``operators.api``), with the flows' own permissions: ``jobs_engine.view_flow`` to read,
-``jobs_engine.manage_flows`` to start, retry and cancel. Every route is bound to the
-caller's tenant (``tenancy.tenant_of``): another tenant's flow answers 404, exactly as an
-unknown id.
+(``operators.api``), with the flows' own permissions: ``jobs_engine.view_flow`` (or
+``manage_flows``) to read, ``jobs_engine.manage_flows`` to start, retry and cancel; a
+step's result and error need ``jobs_engine.manage_jobs``, as a job's do. Every route is
+bound to the caller's tenant (``tenancy.tenant_of``): another tenant's flow answers 404,
+exactly as an unknown id. Every action is audited (``operators.actions``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from ninja import Field, Path, Query, Router, Schema
 from pydantic import BeforeValidator
 
 from jobs_engine import flows
-from jobs_engine.errors import FlowNotFound, InvalidFlow, OperationRefused
-from jobs_engine.models import MANAGE_FLOWS_PERMISSION, VIEW_FLOWS_PERMISSION, Flow
+from jobs_engine.errors import FlowNotFound
+from jobs_engine.models import MANAGE_FLOWS_PERMISSION, VIEW_FLOWS_PERMISSION, Flow, FlowStep
+from jobs_engine.operators import actions
 from jobs_engine.operators.actions import MAX_JOB_ID
+from jobs_engine.operators.admin_base import may_see_job_text
 from jobs_engine.operators.api import (
     MAX_LIMIT,
     MAX_PAGE,
@@ -33,15 +36,17 @@ from jobs_engine.operators.api import (
     plain_id,
 )
 from jobs_engine.operators.queries import capped_count
-from jobs_engine.tenancy import tenant_of
+from jobs_engine.tenancy import scoped, tenant_of
 
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
 class FlowSession(ManagerSession):
-    def permission(self, request: HttpRequest) -> str:
-        return VIEW_FLOWS_PERMISSION if request.method in SAFE_METHODS \
-            else MANAGE_FLOWS_PERMISSION
+    def permissions(self, request: HttpRequest) -> tuple[str, ...]:
+        """Reading: ``view_flow``, or ``manage_flows`` (who acts on flows sees them)."""
+        if request.method in SAFE_METHODS:
+            return VIEW_FLOWS_PERMISSION, MANAGE_FLOWS_PERMISSION
+        return (MANAGE_FLOWS_PERMISSION,)
 
 
 FlowId = Annotated[int, BeforeValidator(plain_id),
@@ -77,8 +82,10 @@ class StepOut(Schema):
     target: str
     state: str
     attempts: int
-    result: Any = None
-    last_error: str
+    result: Any = Field(None, description="What the step returned; null without "
+                                          "jobs_engine.manage_jobs (see text_hidden).")
+    last_error: str | None = Field(description="Why it failed; null without "
+                                               "jobs_engine.manage_jobs (see text_hidden).")
     job_id: int | None
     started_at: datetime | None
     finished_at: datetime | None
@@ -86,6 +93,9 @@ class StepOut(Schema):
 
 class FlowDetail(FlowOut):
     steps: list[StepOut]
+    text_hidden: bool = Field(description="True when the caller lacks jobs_engine.manage_jobs: "
+                                          "every step's result and last_error are left out "
+                                          "(they may hold what a payload holds).")
 
 
 class FlowPage(Schema):
@@ -117,8 +127,12 @@ def flow_out(flow: Flow) -> dict[str, Any]:
 
 
 def _visible(request: HttpRequest) -> QuerySet[Flow]:
-    tenant = tenant_of(request)
-    return Flow.objects.all() if tenant is None else Flow.objects.filter(tenant_id=tenant)
+    return scoped(Flow.objects.all(), tenant_of(request))
+
+
+def step_out(step: FlowStep, text_shown: bool) -> dict[str, Any]:
+    fields = {name: getattr(step, name) for name in StepOut.model_fields}
+    return fields if text_shown else {**fields, "result": None, "last_error": None}
 
 
 def _one(request: HttpRequest, flow_id: int) -> Flow:
@@ -156,38 +170,35 @@ def list_definitions(request: HttpRequest) -> list[dict[str, str]]:
             summary="One flow with every step: state, attempts, result or error")
 def get_flow(request: HttpRequest, flow_id: FlowId) -> dict[str, Any]:
     flow = _one(request, flow_id)
-    return {**flow_out(flow), "steps": list(flow.steps.order_by("position"))}
+    shown = may_see_job_text(request)
+    return {**flow_out(flow), "text_hidden": not shown,
+            "steps": [step_out(step, shown) for step in flow.steps.order_by("position")]}
 
 
-@router.post("/definitions/{name}/start", response={200: FlowOut, **errors(400, 404, 413)},
+@router.post("/definitions/{name}/start",
+             response={200: FlowOut, **errors(400, 404, 413, 415)},
              summary="Start a defined flow with a JSON input")
 def start_flow(request: HttpRequest, name: Annotated[str, Path(max_length=200)],
                body: StartIn) -> dict[str, Any]:
     """Under the caller's tenant. An unknown name is 404; an input the flow's builder
     refuses is 400 naming it; nothing is written either way."""
-    if name not in {d.name for d in flows.definitions()}:
-        raise OperationRefused(f"no flow named {name!r} is defined", status_code=404,
-                               code="not_found")
-    try:
-        flow_id = flows.start(name, body.input, tenant_id=tenant_of(request))
-    except InvalidFlow as exc:
-        raise OperationRefused(f"{exc.field}: {exc.problem}") from None
-    return flow_out(Flow.objects.get(id=flow_id))
+    return flow_out(actions.start_flow(name, body.input, request.user,
+                                       scope=tenant_of(request)))
 
 
 @router.post("/{flow_id}/retry", response={200: Dropped, **errors(404, 409, 413)},
              summary="Queue the failed steps again")
 def retry_flow(request: HttpRequest, flow_id: FlowId) -> dict[str, Any]:
     """Completed steps never run again. No failed step: 409."""
-    queued = flows.retry(flow_id, tenant_id=tenant_of(request))
-    return {"id": flow_id, "state": Flow.objects.get(id=flow_id).state, "steps": queued}
+    retried = actions.retry_flow(flow_id, request.user, scope=tenant_of(request))
+    return {"id": flow_id, "state": Flow.objects.get(id=flow_id).state, "steps": retried.steps}
 
 
 @router.post("/{flow_id}/cancel", response={200: Dropped, **errors(404, 409, 413)},
              summary="Drop every step that has not run")
 def cancel_flow(request: HttpRequest, flow_id: FlowId) -> dict[str, Any]:
     """A step running: 409 ``flow_running``, nothing changed."""
-    dropped = flows.cancel(flow_id, tenant_id=tenant_of(request))
+    dropped = actions.cancel_flow(flow_id, request.user, scope=tenant_of(request))
     return {"id": flow_id, "state": Flow.objects.get(id=flow_id).state, "steps": dropped}
 
 

@@ -8,7 +8,8 @@ target and outcome from the hourly statistics (summed over the hours kept).
 Counts only, never payloads; still, they tell an outsider how busy the system is and which
 targets exist, so the page is closed by default: a scraper sends
 ``Authorization: Bearer <JOBS["METRICS_TOKEN"]>``, and a logged-in user with the engine's
-permission may read it in a browser. Anyone else gets 401 (or 403 when logged in).
+permission may read it in a browser, if that user is the platform operator (the numbers
+are every tenant's). Anyone else gets 401 (or 403 when logged in).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from jobs_engine import store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.models import MANAGE_PERMISSION
 from jobs_engine.states import JobStatus, Lane
+from jobs_engine.tenancy import is_platform
 
 MISSING_EXTRA = ("Prometheus metrics need prometheus-client: "
                  "pip install 'jobs-engine[metrics]'\n")
@@ -110,10 +112,13 @@ def _refusal(request: HttpRequest) -> HttpResponse | None:
         return None
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        if user.is_active and user.has_perm(MANAGE_PERMISSION):
-            return None
-        return HttpResponse(f"the {MANAGE_PERMISSION} permission is required\n", status=403,
-                            content_type="text/plain")
+        if not (user.is_active and user.has_perm(MANAGE_PERMISSION)):
+            return HttpResponse(f"the {MANAGE_PERMISSION} permission is required\n",
+                                status=403, content_type="text/plain")
+        if not is_platform(request):
+            return HttpResponse("the metrics count every tenant's jobs: the platform "
+                                "operator's only\n", status=403, content_type="text/plain")
+        return None
     refused = HttpResponse("send Authorization: Bearer <JOBS METRICS_TOKEN>, or log in\n",
                            status=401, content_type="text/plain")
     refused["WWW-Authenticate"] = 'Bearer realm="jobs-engine metrics"'

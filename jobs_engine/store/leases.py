@@ -23,6 +23,7 @@ from jobs_engine.store.dialect import (
     values_,
 )
 from jobs_engine.store.queue import (
+    CLOSED_COLUMNS,
     JOBS,
     PARTITIONS,
     PAUSES,
@@ -30,6 +31,7 @@ from jobs_engine.store.queue import (
     TAKEOVER_REASON,
     WORKERS,
     ClosedJob,
+    closed_jobs,
     cut_error,
 )
 
@@ -187,12 +189,12 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[
             f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
             f"claim_token = %s WHERE {clause} AND status = %s AND delivery_mode = %s "
             "AND (outcome_token IS NULL OR outcome_token <> %s) "
-            "RETURNING id, target, code, dedupe_key",
+            f"RETURNING {CLOSED_COLUMNS}",
             [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now),
              taken.inflight_token, *params, *TAKEOVER_PRESUMED_DEAD.source_values,
              DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
         )
-        closed = [ClosedJob(r[0], r[1], r[2], r[3], TAKEOVER_REASON) for r in rows]
+        closed = closed_jobs(rows, TAKEOVER_REASON)
     if taken.inflight_token:
         execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
                 "WHERE partition = %s AND inflight_token = %s",

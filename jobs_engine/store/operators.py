@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 
 from jobs_engine import states
+from jobs_engine.models import JobStatShard
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, Lane
 from jobs_engine.store.dialect import (
     dt,
@@ -27,6 +28,7 @@ from jobs_engine.store.dialect import (
     writable_ctes,
 )
 from jobs_engine.store.queue import (
+    CLOSED_COLUMNS,
     DONE_JOBS,
     FLOW_STEP_KEY_PREFIX,
     FLOW_STEPS,
@@ -37,6 +39,7 @@ from jobs_engine.store.queue import (
     PARTITIONS,
     WORKERS,
     ClosedJob,
+    closed_jobs,
 )
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "RETRY",
     "SKIP",
     "UNHANDLED",
+    "JobOwner",
     "JobState",
     "RemovedJob",
     "dead_counts",
@@ -59,6 +63,7 @@ __all__ = [
     "job_delete_if_dead",
     "job_delete_if_not_started",
     "job_info_row",
+    "job_owner",
     "job_retry_if_dead",
     "job_state",
     "job_stats_fold_shards",
@@ -104,6 +109,25 @@ _REMOVED_COLUMNS = ("id, target, code, dedupe_key, attempts, status, lane, parti
 
 def _removed(row: Sequence[Any]) -> RemovedJob:
     return RemovedJob(*row[:10], read_dt(row[10]))
+
+
+@dataclass(frozen=True)
+class JobOwner:
+    """Whom a job belongs to: its tenant (None: the platform's), and the flow whose step
+    it runs, if any. Neither ever changes for a job."""
+
+    tenant_id: str | None
+    flow_id: int | None
+    step_position: int | None
+
+
+def job_owner(job_id: int) -> JobOwner | None:
+    """The owner of a waiting, DEAD or completed job; None when there is no such job."""
+    rows = fetch(
+        f"SELECT j.tenant_id, s.flow_id, s.position FROM (SELECT id, tenant_id FROM {JOBS} "
+        f"WHERE id = %s UNION ALL SELECT id, tenant_id FROM {DONE_JOBS} WHERE id = %s) AS j "
+        f"LEFT JOIN {FLOW_STEPS} s ON s.job_id = j.id", [job_id, job_id])
+    return JobOwner(*rows[0]) if rows else None
 
 
 @dataclass(frozen=True)
@@ -259,10 +283,10 @@ def jobs_close_unhandled(target: str, due_before: datetime, now: datetime, limit
         f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s "
         f"WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s AND target = %s "
         f"AND next_run_at < %s ORDER BY next_run_at LIMIT %s{skip_locked()}) "
-        "RETURNING id, target, code, dedupe_key",
+        f"RETURNING {CLOSED_COLUMNS}",
         [UNHANDLED.target, dt(now), reason, dt(now), *UNHANDLED.source_values, target,
          dt(due_before), limit])
-    return [ClosedJob(r[0], r[1], r[2], r[3], reason) for r in rows]
+    return closed_jobs(rows, reason)
 
 
 def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
@@ -299,41 +323,53 @@ def flows_delete(flow_ids: Sequence[int]) -> int:
 # -- reads: statistics, metrics, counts ---------------------------------------------------
 
 
-# Both tables of the hourly statistics: the hours folded, and the shards not yet folded.
+# Every run counted: by the workers of the first release (``JobStat``, no tenant) and by
+# later ones (``JobStatShard``, folded or not).
 _ALL_STATS = (f"(SELECT hour, target, outcome, count FROM {JOB_STATS} UNION ALL "
               f"SELECT hour, target, outcome, count FROM {JOB_STAT_SHARDS}) AS s")
+_FOLDED = JobStatShard.FOLDED
 
 
-def job_stats_since(since: datetime) -> list[tuple[datetime, str, str, int]]:
-    """(hour, target, outcome, count) of the hours from ``since`` on, oldest first."""
-    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {_ALL_STATS} WHERE hour >= %s "
-                 "GROUP BY hour, target, outcome ORDER BY hour, target, outcome", [dt(since)])
+def job_stats_since(since: datetime, *, of_tenant: str | None = None
+                    ) -> list[tuple[datetime, str, str, int]]:
+    """(hour, target, outcome, count) of the hours from ``since`` on, oldest first; with
+    ``of_tenant``, only that tenant's runs, else every run."""
+    if of_tenant is None:
+        source, params = _ALL_STATS, []
+    else:
+        source = (f"(SELECT hour, target, outcome, count FROM {JOB_STAT_SHARDS} "
+                  "WHERE tenant_id = %s) AS s")
+        params = [of_tenant]
+    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {source} WHERE hour >= %s "
+                 "GROUP BY hour, target, outcome ORDER BY hour, target, outcome",
+                 [*params, dt(since)])
     return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]
 
 
 def job_stats_fold_shards() -> int:
-    """Add the shards' counts to their ``JobStat`` buckets and remove them (retention): the
-    admin's list shows one row per hour, target and outcome, at most a retention pass
-    behind. One statement on PostgreSQL, so two workers folding at once cannot count a
-    shard twice (the second finds it deleted); a session adding to a shard meanwhile makes
-    a new one. Returns the shard rows folded."""
-    add = (f"INSERT INTO {JOB_STATS} (hour, target, outcome, count) "
-           "SELECT hour, target, outcome, SUM(count) FROM {rows} "
-           "GROUP BY hour, target, outcome ORDER BY hour, target, outcome "
-           "ON CONFLICT (hour, target, outcome) "
-           f"DO UPDATE SET count = {JOB_STATS}.count + excluded.count")
+    """Add the shards' counts into their bucket's ``FOLDED`` row and remove them
+    (retention), so a bucket keeps one row however many sessions counted into it. One
+    statement on PostgreSQL, so two workers folding at once cannot count a shard twice
+    (the second finds it deleted); a session adding to a shard meanwhile makes a new one.
+    Returns the shard rows folded."""
+    columns = "hour, target, outcome, tenant_id"
+    add = (f"INSERT INTO {JOB_STAT_SHARDS} ({columns}, shard, count) "
+           f"SELECT {columns}, {_FOLDED}, SUM(count) FROM {{rows}} GROUP BY {columns} "
+           f"ORDER BY {columns} ON CONFLICT ({columns}, shard) "
+           f"DO UPDATE SET count = {JOB_STAT_SHARDS}.count + excluded.count")
+    not_folded = f"shard <> {_FOLDED}"
     if writable_ctes():
         return fetch(
-            f"WITH gone AS (DELETE FROM {JOB_STAT_SHARDS} "
-            f"RETURNING hour, target, outcome, count), folded AS ({add.format(rows='gone')} "
+            f"WITH gone AS (DELETE FROM {JOB_STAT_SHARDS} WHERE {not_folded} "
+            f"RETURNING {columns}, count), folded AS ({add.format(rows='gone')} "
             "RETURNING 1) SELECT COUNT(*) FROM gone")[0][0]
     with transaction.atomic():
-        execute(add.format(rows=JOB_STAT_SHARDS))
-        return execute(f"DELETE FROM {JOB_STAT_SHARDS}")
+        execute(add.format(rows=f"(SELECT * FROM {JOB_STAT_SHARDS} WHERE {not_folded}) AS s"))
+        return execute(f"DELETE FROM {JOB_STAT_SHARDS} WHERE {not_folded}")
 
 
 def job_stats_totals() -> list[tuple[str, str, int]]:
-    """(target, outcome, runs) summed over every hour kept."""
+    """(target, outcome, runs) of every tenant, summed over every hour kept."""
     return [(t, o, int(c)) for t, o, c in fetch(
         f"SELECT target, outcome, SUM(count) FROM {_ALL_STATS} GROUP BY target, outcome "
         "ORDER BY target, outcome")]
@@ -366,15 +402,24 @@ def job_info_row(job_id: int) -> tuple[Any, ...] | None:
     return rows[0] if rows else None
 
 
-def done_counts() -> dict[str, int]:
-    """target → completed jobs kept (the table is bounded by the keep counts)."""
-    return dict(fetch(f"SELECT target, COUNT(*) FROM {DONE_JOBS} GROUP BY target"))
+def _of_tenant(of_tenant: str | None) -> tuple[str, list[Any]]:
+    """SQL narrowing a statement's rows to ``of_tenant``'s (None: every tenant's)."""
+    return ("", []) if of_tenant is None else (" AND tenant_id = %s", [of_tenant])
 
 
-def dead_counts() -> dict[str, int]:
-    """target → DEAD jobs kept."""
-    return dict(fetch(f"SELECT target, COUNT(*) FROM {JOBS} WHERE status = %s GROUP BY target",
-                      [DEAD.value]))
+def done_counts(*, of_tenant: str | None = None) -> dict[str, int]:
+    """target → completed jobs kept (the table is bounded by the keep counts); with
+    ``of_tenant``, that tenant's only."""
+    tenant, params = _of_tenant(of_tenant)
+    return dict(fetch(f"SELECT target, COUNT(*) FROM {DONE_JOBS} WHERE TRUE{tenant} "
+                      "GROUP BY target", params))
+
+
+def dead_counts(*, of_tenant: str | None = None) -> dict[str, int]:
+    """target → DEAD jobs kept; with ``of_tenant``, that tenant's only."""
+    tenant, params = _of_tenant(of_tenant)
+    return dict(fetch(f"SELECT target, COUNT(*) FROM {JOBS} WHERE status = %s{tenant} "
+                      "GROUP BY target", [DEAD.value, *params]))
 
 
 def workers_outages() -> list[tuple[str, int, float]]:

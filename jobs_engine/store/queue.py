@@ -67,6 +67,7 @@ from jobs_engine.text import clean
 
 __all__ = [
     "CLOSED",
+    "CLOSED_COLUMNS",
     "COUNTERS",
     "DONE_JOBS",
     "DONE_KEPT",
@@ -99,6 +100,8 @@ __all__ = [
     "Guard",
     "NewJob",
     "Reserved",
+    "StatBucket",
+    "closed_jobs",
     "cut_error",
     "flow_steps_queued",
     "job_close_dead",
@@ -136,11 +139,11 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-INSERT_ROWS_FUNCTION = "jobs_engine_insert_rows"  # migration 0015
-INSERT_PAYLOADS_FUNCTION = "jobs_engine_insert_payloads"  # migration 0014: payloads only
+INSERT_ROWS_FUNCTION = "jobs_engine_insert_rows"  # migrations 0015, 0016 (tenants)
+INSERT_PAYLOADS_FUNCTION = "jobs_engine_insert_payloads"  # migrations 0014, 0016: payloads only
 # Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
 STATS_SHARDS = 64
-_SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, shard) "
+_SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, tenant_id, shard) "
                    f"DO UPDATE SET count = {JOB_STAT_SHARDS}.count + excluded.count")
 LAST_ERROR_LIMIT = 2000
 TAKEOVER_REASON = "in flight when its partition was taken over"
@@ -178,17 +181,18 @@ FLOW_STEP_KEY_PREFIX = "flow-step:"
 
 # What a lane reads of a row, in the order of ``Job``'s fields.
 _JOB_COLUMNS = ("id", "target", "code", "key", "version", "payload", "headers", "attempts",
-                "trace_id", "dedupe_key", "actor", "created_at", "partition", "delivery_mode")
+                "trace_id", "dedupe_key", "actor", "created_at", "partition", "delivery_mode",
+                "tenant_id")
 _COLUMNS = ", ".join(_JOB_COLUMNS)
 
 
 def _job(row: Sequence[Any]) -> Job:
     """A row of ``_JOB_COLUMNS`` (positional: this runs for every row a lane reads)."""
     (job_id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key,
-     actor, created_at, partition, delivery_mode) = row[:14]
+     actor, created_at, partition, delivery_mode, tenant_id) = row[:15]
     return Job(job_id, target, code, key, version, payload,
                read_json(headers) if headers != "{}" else {}, attempts, trace_id, dedupe_key,
-               read_json(actor), read_dt(created_at), partition, delivery_mode)
+               read_json(actor), read_dt(created_at), partition, delivery_mode, tenant_id)
 
 
 def cut_error(text: str) -> str:
@@ -218,12 +222,14 @@ class NewJob(NamedTuple):
     priority: int = 0
     # False when enqueue made the dedupe key (``random_keys``): no stored row can have it.
     dedupe_key_given: bool = True
+    tenant_id: str | None = None  # None: the platform's own
 
 
 _INSERT_COLUMNS = ("code", "target", "lane", "key", "partition", "version", "payload", "headers",
-                   "dedupe_key", "delivery_mode", "run_at", "trace_id", "actor", "priority")
+                   "dedupe_key", "delivery_mode", "run_at", "trace_id", "actor", "priority",
+                   "tenant_id")
 _INSERT_TYPES = ("text", "text", "text", "text", "smallint", "bigint", "text", "text", "text",
-                 "text", "timestamptz", "text", "text", "smallint")
+                 "text", "timestamptz", "text", "text", "smallint", "text")
 
 
 def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = None
@@ -257,12 +263,13 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
 
 
 def _row_values(row: NewJob, run_at: Any) -> tuple[Any, ...]:
-    """A row's values in ``_INSERT_COLUMNS``' order, the order of migration 0015's function
+    """A row's values in ``_INSERT_COLUMNS``' order, the order of migration 0016's function
     too, with ``run_at`` as the backend takes it."""
     return (row.code, row.target, row.lane, row.key, row.partition, row.version,
             row.payload_json, json_param(row.headers) if row.headers else "{}",
             row.dedupe_key, row.delivery_mode, run_at, row.trace_id,
-            json_param(row.actor) if row.actor is not None else None, row.priority)
+            json_param(row.actor) if row.actor is not None else None, row.priority,
+            row.tenant_id)
 
 
 def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter: bool
@@ -291,27 +298,30 @@ def _insert_many_sql(using: str | None, keyed: bool, arbiter: bool) -> str:
         f"v AS (SELECT u.*, COALESCE(u.run_at, {stamp}) AS due, {stamp} AS stamp FROM u) "
         f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
         "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
-        "priority, created_at, updated_at) "
+        "priority, tenant_id, created_at, updated_at) "
         f"SELECT code, target, lane, key, partition, version, {jsonb('payload', using)}, "
         f"{jsonb('headers', using)}, dedupe_key, '{ENQUEUE.target}', delivery_mode, 0, "
         f"{next_run_at}, '', trace_id, "
-        f"{jsonb('actor', using)}, priority, stamp, stamp FROM v WHERE true "
+        f"{jsonb('actor', using)}, priority, tenant_id, stamp, stamp FROM v WHERE true "
         + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key")
 
 
 def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
                          payloads_json: str, partitions: int, trace_id: str | None,
-                         actor: dict[str, Any] | None, using: str | None = None) -> list[int]:
+                         actor: dict[str, Any] | None, tenant_id: str | None,
+                         using: str | None = None) -> list[int]:
     """Insert one PENDING row per payload of ``payloads_json`` (a JSON array of them) with
-    every other column the target's or its default; the ids, in the payloads' order.
+    every other column the target's, the call's or its default; the ids, in the payloads'
+    order.
 
     PostgreSQL only: the server makes each row's dedupe key, partition and, without
-    ``trace_id``, trace id (migration 0014), so a batch costs Python its payloads' encoding
-    and no more. The statement queues the lane's NOTIFY for the caller's commit."""
+    ``trace_id``, trace id (migrations 0014, 0016), so a batch costs Python its payloads'
+    encoding and no more. The statement queues the lane's NOTIFY for the caller's commit."""
     return [found[0] for found in fetch_insert(
-        f"SELECT * FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, %s::jsonb, %s::jsonb)",
+        f"SELECT * FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, %s::jsonb, "
+        "%s::jsonb, %s)",
         [code, target, lane, delivery_mode, partitions, trace_id,
-         json_param(actor) if actor is not None else None, payloads_json],
+         json_param(actor) if actor is not None else None, payloads_json, tenant_id],
         using, plan_may_be_kept=True)]
 
 
@@ -358,6 +368,16 @@ class ClosedJob:
     code: str
     dedupe_key: str
     reason: str
+    tenant_id: str | None = None
+
+
+# What a statement that closes rows returns of each, for ``closed_jobs``.
+CLOSED_COLUMNS = "id, target, code, dedupe_key, tenant_id"
+
+
+def closed_jobs(rows: Sequence[Sequence[Any]], reason: str) -> list[ClosedJob]:
+    """The rows (``CLOSED_COLUMNS``) a statement closed for ``reason``."""
+    return [ClosedJob(r[0], r[1], r[2], r[3], reason, r[4]) for r in rows]
 
 
 # -- commits that need not wait for their flush --------------------------------------------
@@ -737,7 +757,7 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
         f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
         f"lease_until = NULL, updated_at = %s, attempts = attempts + 1, tries = {lost} "
         "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
-        "AND started_at IS NOT NULL RETURNING id, target, code, dedupe_key",
+        f"AND started_at IS NOT NULL RETURNING {CLOSED_COLUMNS}",
         [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
          *RESCUE_PRESUMED_DEAD.source_values, expired, _AT_MOST_ONCE],
     )
@@ -750,7 +770,7 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
         [RESCUE_RELEASE.target, expired, expired, RELEASE_REASON,
          *RESCUE_RELEASE.source_values, expired],
     )
-    return [ClosedJob(r[0], r[1], r[2], r[3], RESCUE_REASON) for r in dead], released
+    return closed_jobs(dead, RESCUE_REASON), released
 
 
 class Reserved(NamedTuple):
@@ -797,8 +817,8 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                  f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
 
     def reserved(row: Sequence[Any]) -> Reserved:
-        started = row[16] is not None
-        return Reserved(_job(row), (read_json(row[17]) or []) if started else None)
+        started = row[17] is not None
+        return Reserved(_job(row), (read_json(row[18]) or []) if started else None)
 
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     excl_clause, excl_params = in_("j.target", exclusive_targets)
@@ -844,7 +864,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
         else:
-            rows.sort(key=lambda row: (-row[14], row[15], row[0]))
+            rows.sort(key=lambda row: (-row[15], row[16], row[0]))
             return [reserved(row) for row in rows]
     order: dict[int, int] = {}
     found: list[Reserved] = []
@@ -1017,8 +1037,9 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     if count_as is not None:
         assert writable_ctes(), "the statistics join the statement only through a CTE"
         counted = (f", counted AS (INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, "
-                   "shard, count) SELECT %s, target, %s, %s, COUNT(*) FROM moved "
-                   f"GROUP BY target ORDER BY target {_SHARD_CONFLICT} RETURNING 1)")
+                   "tenant_id, shard, count) SELECT %s, target, %s, COALESCE(tenant_id, ''), "
+                   "%s, COUNT(*) FROM moved GROUP BY target, tenant_id "
+                   f"ORDER BY target, tenant_id {_SHARD_CONFLICT} RETURNING 1)")
         count_params = [dt(count_as[0]), count_as[1], session_shard(STATS_SHARDS)]
     if clear_marks:
         assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
@@ -1031,7 +1052,8 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
         if counted:
-            return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING target)"
+            return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} "
+                         "RETURNING target, tenant_id)"
                          f"{counted} SELECT COUNT(*){lazily} FROM moved",
                          [*params, *count_params], prepare=True)[0][0]
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
@@ -1043,7 +1065,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         ("bigint", "text", "timestamptz", "float8", "text"),
         arrays_from=1, as_json=True)
     columns = ("id, target, lane, code, key, version, partition, dedupe_key, delivery_mode, "
-               "payload, headers, trace_id, actor, created_at")
+               "payload, headers, trace_id, actor, created_at, tenant_id")
     tries = _tries_after("r.tried", "m.tries")
     append = (
         f"INSERT INTO {DONE_JOBS} ({columns}, result, attempts, started_at, finished_at, "
@@ -1106,8 +1128,17 @@ def job_close_dead(guard: Guard, job_id: int, attempts: int, error: str, now: da
     ) == 1
 
 
-def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
-    """Add run counts per (hour, target, outcome) in one upsert, into this session's shard.
+class StatBucket(NamedTuple):
+    """What the hourly statistics count runs by; ``tenant_id`` '' for none."""
+
+    hour: datetime
+    target: str
+    outcome: str
+    tenant_id: str
+
+
+def job_stats_add(counts: Mapping[StatBucket, int]) -> None:
+    """Add run counts per bucket in one upsert, into this session's shard.
 
     Rows go in sorted order so two sessions upserting the same buckets (two whose shards
     coincide) lock them in the same order (no deadlock).
@@ -1115,11 +1146,11 @@ def job_stats_add(counts: Mapping[tuple[datetime, str, str], int]) -> None:
     if not counts:
         return
     shard = session_shard(STATS_SHARDS)
-    rows = [(dt(hour), target, outcome, shard, count)
-            for (hour, target, outcome), count in sorted(counts.items())]
+    rows = [(dt(hour), target, outcome, tenant_id, shard, count)
+            for (hour, target, outcome, tenant_id), count in sorted(counts.items())]
     values, params = values_(rows)
-    execute(f"INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, shard, count) {values} "
-            f"{_SHARD_CONFLICT}", params)
+    execute(f"INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, tenant_id, shard, count) "
+            f"{values} {_SHARD_CONFLICT}", params)
 
 
 # -- flows ---------------------------------------------------------------------------------

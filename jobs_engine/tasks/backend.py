@@ -29,11 +29,11 @@ from jobs_engine.tasks.compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
-    normalize_json,
     task_enqueued,
 )
 from jobs_engine.tasks.queues import queue_rules, register_queues, target_name
-from jobs_engine.tasks.results import result_of, task_payload
+from jobs_engine.tasks.results import NotATask, result_of, task_payload
+from jobs_engine.text import json_text
 
 _RESULT_ID = re.compile(r"[1-9][0-9]{0,18}")
 
@@ -50,9 +50,10 @@ class JobsEngineBackend(BaseTaskBackend):
         register_queues(alias, self.rules)
 
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
-        """One job, in the caller's transaction: rolled back, there is no task."""
+        """One job, in the caller's transaction: rolled back, there is no task. It belongs
+        to the tenant of the request or job that enqueues it (``enqueue``'s rule)."""
         self.validate_task(task)
-        args, kwargs = _json_arguments(args, kwargs)
+        args, kwargs = _json_arguments(task, args, kwargs)
         run_after = task.run_after
         if run_after is not None and timezone.is_naive(run_after):  # USE_TZ = False
             run_after = timezone.make_aware(run_after)
@@ -80,14 +81,30 @@ class JobsEngineBackend(BaseTaskBackend):
         job = get_job(int(result_id))
         if job is None or not job.target.startswith(target_name(self.alias, "")):
             raise TaskResultDoesNotExist(result_id)
-        return result_of(job)
+        try:
+            return result_of(job)
+        except NotATask:  # a job of a task queue's target that no task enqueued
+            raise TaskResultDoesNotExist(result_id) from None
 
 
-def _json_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
-    """The arguments as JSON will give them back; ``TypeError`` (json's own message) for one
-    that JSON cannot hold, as Django documents."""
-    json.dumps([args, kwargs])
-    return normalize_json(list(args)), normalize_json(dict(kwargs))
+def _json_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments exactly as the worker and ``get_result`` will read them back from the
+    stored JSON (``{1: 2}`` is ``{"1": 2}`` there, a tuple a list): ``TypeError`` (json's
+    own message) for one that JSON cannot hold, as Django documents; ``InvalidTask`` for
+    text no column can hold or nesting past ``MAX_PAYLOAD_DEPTH``."""
+    call = [list(args), dict(kwargs)]
+    try:
+        text = json_text(call)
+    except ValueError as exc:
+        try:
+            json.dumps(call)
+        except TypeError:
+            raise  # json's own message, as Django documents
+        except (ValueError, RecursionError):
+            pass
+        raise InvalidTask(f"{task.module_path}: arguments {exc}") from None
+    stored_args, stored_kwargs = json.loads(text)
+    return stored_args, stored_kwargs
 
 
 def register_configured_backends() -> None:

@@ -34,8 +34,22 @@ def task_payload(task: Task, args: list[Any], kwargs: dict[str, Any], alias: str
             "run_after": task.run_after.isoformat() if task.run_after is not None else None}
 
 
-def task_of(payload: dict[str, Any]) -> Task:
-    """The task a job's payload names, as it was enqueued (priority, queue, run_after)."""
+class NotATask(InvalidTask):
+    """A job's payload that names no task (a job of a task queue's target that the Tasks
+    API did not enqueue)."""
+
+
+_CALL_FIELDS = {"task": str, "args": list, "kwargs": dict, "backend": str, "queue": str,
+                "priority": int}
+
+
+def task_of(payload: Any) -> Task:
+    """The task a job's payload names, as it was enqueued (priority, queue, run_after);
+    ``NotATask`` for a payload ``task_payload`` did not make."""
+    if not isinstance(payload, dict) or not all(
+            isinstance(payload.get(name), kind) for name, kind in _CALL_FIELDS.items()) \
+            or not isinstance(payload.get("run_after"), str | None):
+        raise NotATask(f"the job's payload names no task: {str(payload)[:200]!r}")
     return _task(payload["task"], payload["priority"], payload["queue"], payload["backend"],
                  payload.get("run_after"))
 

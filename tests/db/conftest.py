@@ -1,5 +1,5 @@
 """Fixtures of the database tests: a defined flow for the flows' tests; and a tenant resolver
-reading a header (``BY_TENANT``, importable as ``tests.db.conftest.by_tenant``)."""
+reading headers (``BY_TENANT``, importable as ``tests.db.conftest.by_tenant``)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,18 @@ from django.http import HttpRequest
 from jobs_engine import flows
 from jobs_engine.errors import InvalidFlow
 from jobs_engine.flows import Definition, Step
+from jobs_engine.tenancy import PLATFORM, Scope
 
 MONTHLY = "monthly-report"
-# For ``JOBS["TENANT_RESOLVER"]``: the tests act as the tenant of the ``X-Tenant`` header.
+# For ``JOBS["TENANT_RESOLVER"]``: the tests act as the tenant of the ``X-Tenant`` header,
+# as the platform operator with ``X-Platform: 1``, and as no tenant without either.
 BY_TENANT = f"{__name__}.by_tenant"
+AS_PLATFORM = {"HTTP_X_PLATFORM": "1"}
 
 
-def by_tenant(request: HttpRequest) -> str | None:
+def by_tenant(request: HttpRequest) -> Scope:
+    if request.headers.get("X-Platform") == "1":
+        return PLATFORM
     return request.headers.get("X-Tenant")
 
 

@@ -130,7 +130,6 @@ MODELS: dict[str, Callable[[Rows], Any]] = {
     "jobs_engine_targetpause": lambda r: r.pause.pk,
     "jobs_engine_partition": lambda r: r.partition.pk,
     "jobs_engine_worker": lambda r: r.worker.pk,
-    "jobs_engine_jobstat": lambda r: r.stat.pk,
     "jobs_engine_auditrecord": lambda r: r.record.pk,
     "schedules_schedule": lambda r: r.schedule.pk,
 }
@@ -140,7 +139,8 @@ SHOWN = {("jobs_engine_job", "change"): ["payload", "headers", "actor", "error"]
          ("jobs_engine_targetpause", "changelist"): ["reason"],
          ("jobs_engine_targetpause", "change"): ["reason"]}
 PAGES = [(model, page) for model in MODELS for page in ("changelist", "change", "history")]
-PAGES.append(("jobs_engine_registeredtarget", "changelist"))  # the registry: one page
+# One page each: the registry's targets, and the statistics summed over their buckets.
+PAGES += [("jobs_engine_registeredtarget", "changelist"), ("jobs_engine_jobstat", "changelist")]
 
 
 def page_url(rows: Rows, model: str, page: str) -> str:

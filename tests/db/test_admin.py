@@ -21,7 +21,7 @@ from django.urls import reverse
 from jobs_engine import conf, store
 from jobs_engine.enqueueing import enqueue_many
 from jobs_engine.lanes.leases import PartitionLeases
-from jobs_engine.models import AuditRecord, Job, TargetPause
+from jobs_engine.models import AuditRecord, Job, JobStat, TargetPause
 from jobs_engine.operators import queries
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job, manager_client, staff
@@ -283,16 +283,17 @@ def test_bulk_actions_are_not_offered_without_the_permission(targets: Any) -> No
 
 def engine_admins() -> list[tuple[str, Any]]:
     """Every admin page over table rows of the engine's and the schedules' models (the
-    targets' page reads the registry: test_completed_jobs_operators.py)."""
+    targets' page reads the registry: test_completed_jobs_operators.py; the statistics
+    page sums buckets: test_statistics_page_charts_the_last_48_hours)."""
     from django.contrib import admin
 
-    from jobs_engine.operators.admin import RegisteredTargetAdmin
+    from jobs_engine.operators.admin import JobStatAdmin, RegisteredTargetAdmin
     from jobs_engine.operators.admin_base import ManagedAdmin
 
     return sorted(((f"{model._meta.app_label}_{model._meta.model_name}", model_admin)
                    for model, model_admin in admin.site._registry.items()
                    if isinstance(model_admin, ManagedAdmin)
-                   and not isinstance(model_admin, RegisteredTargetAdmin)),
+                   and not isinstance(model_admin, RegisteredTargetAdmin | JobStatAdmin)),
                   key=lambda item: item[0])
 
 
@@ -401,19 +402,28 @@ def test_statistics_page_charts_the_last_48_hours(client: Client) -> None:
     from django.utils import timezone
 
     hour = timezone.now().replace(minute=0, second=0, microsecond=0)
-    store.job_stats_add({(hour, "kafka:orders", "ok"): 7, (hour, "kafka:orders", "dead"): 1,
-                         (hour - timedelta(hours=3), "mail", "retried"): 2,
-                         (hour - timedelta(hours=60), "mail", "ok"): 99})
+    bucket = store.StatBucket
+    store.job_stats_add({bucket(hour, "kafka:orders", "ok", ""): 7,
+                         bucket(hour, "kafka:orders", "dead", "acme"): 1,
+                         bucket(hour - timedelta(hours=3), "mail", "retried", ""): 2,
+                         bucket(hour - timedelta(hours=60), "mail", "ok", ""): 99})
+    JobStat.objects.create(hour=hour, target="mail", outcome="ok", count=4)  # a 0.1.0 worker's
 
     response = client.get(reverse("admin:jobs_engine_jobstat_changelist"))
 
     chart = response.context["chart"]
     assert len(chart) == 48
-    assert chart[-1]["total"] == 8 and chart[-4]["total"] == 2
-    assert sum(h["total"] for h in chart) == 10  # the 60-hour-old bucket is outside
+    assert chart[-1]["total"] == 12 and chart[-4]["total"] == 2
+    assert sum(h["total"] for h in chart) == 14  # the 60-hour-old bucket is outside
     assert 'id="job-stats-chart"' in response.content.decode()
+    assert response.context["totals"] == [
+        {"target": "kafka:orders", "counts": [7, 0, 0, 1]},
+        {"target": "mail", "counts": [4, 2, 0, 0]}]
     filtered = client.get(reverse("admin:jobs_engine_jobstat_changelist"), {"target": "mail"})
-    assert sum(h["total"] for h in filtered.context["chart"]) == 2
+    assert sum(h["total"] for h in filtered.context["chart"]) == 6
+    for raw in BAD_TEXT:  # a target no row can hold charts nothing
+        nothing = client.get(f"{reverse('admin:jobs_engine_jobstat_changelist')}?target={raw}")
+        assert nothing.status_code == 200 and sum(h["total"] for h in nothing.context["chart"]) == 0
 
 
 def test_audit_trail_lists_who_did_what(client: Client, targets: Any) -> None:

@@ -213,7 +213,8 @@ def test_retry_queues_only_the_failed_step_and_the_flow_carries_on(flow_target: 
     drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     assert flow_state(flow_id) == FlowState.FAILED
     fixed["render"] = True
-    assert flows.retry(flow_id) == 1
+    dead_job = FlowStep.objects.get(flow_id=flow_id, name="two").job_id
+    assert flows.retry(flow_id) == flows.Retried(1, (dead_job,))
     assert flow_state(flow_id) == FlowState.RUNNING
     drain_long_lane(lambda: flow_state(flow_id) != FlowState.RUNNING)
     assert flow_state(flow_id) == FlowState.COMPLETED
@@ -263,9 +264,13 @@ def test_another_tenants_flow_is_not_found(flow_target: Any) -> None:
     from jobs_engine.errors import FlowNotFound
 
     flow_id = flows.chain("c", [Step("a")], tenant_id="b")
-    with pytest.raises(FlowNotFound):
-        flows.cancel(flow_id, tenant_id="a")
+    for scope in ("a", None):  # another tenant, and a caller of no tenant
+        with pytest.raises(FlowNotFound):
+            flows.cancel(flow_id, scope=scope)
+        with pytest.raises(FlowNotFound):
+            flows.retry(flow_id, scope=scope)
     assert flow_state(flow_id) == FlowState.RUNNING
+    assert flows.cancel(flow_id, scope="b") == 1
 
 
 # -- defined flows ------------------------------------------------------------------------------
@@ -353,4 +358,4 @@ def test_a_failed_flow_keeps_its_dead_job_until_the_flow_expires(
     settings = load_settings({"FLOW_RETENTION_DAYS": 40, "DEAD_TTL_DAYS": 1}, environ={})
     RetentionService(settings).run_once(now + timedelta(days=30))
     assert Job.objects.filter(id=dead, status="DEAD").exists()
-    assert flows.retry(flow_id) == 1  # still resumable
+    assert flows.retry(flow_id).steps == 1  # still resumable

@@ -12,7 +12,7 @@ from jobs_engine import flows
 from jobs_engine.flows import Step
 from jobs_engine.models import Flow, FlowStep, Job
 from jobs_engine.states import FlowState, StepState
-from tests.db.conftest import BY_TENANT
+from tests.db.conftest import AS_PLATFORM, BY_TENANT
 
 pytestmark = pytest.mark.django_db
 
@@ -78,6 +78,13 @@ def test_list_and_detail_show_state_progress_and_steps(viewer: Client) -> None:
     assert viewer.get(API, {"state": "FAILED"}).json()["total"] == 0
     assert viewer.get(API, {"state": "nope"}).status_code == 400
     detail = viewer.get(f"{API}/{first}").json()
+    # A step's result and error may hold what a payload holds: the job-text permission.
+    assert detail["text_hidden"] is True
+    assert [(s["name"], s["state"], s["result"], s["last_error"]) for s in detail["steps"]] \
+        == [("a", "DONE", None, None), ("b", "WAITING", None, None)]
+    reader = client_of(user_with("view_flow", "manage_jobs", username="reader"))
+    detail = reader.get(f"{API}/{first}").json()
+    assert detail["text_hidden"] is False
     assert [(s["name"], s["state"], s["result"]) for s in detail["steps"]] == [
         ("a", "DONE", {"rows": 3}), ("b", "WAITING", None)]
 
@@ -131,5 +138,7 @@ def test_another_tenants_flow_answers_404_like_an_unknown_id(manager: Client,
     assert manager.post(f"{API}/{theirs}/cancel", **as_a).status_code == 404
     assert [f["id"] for f in manager.get(API, **as_a).json()["data"]] == [ours]
     assert Flow.objects.get(id=theirs).state == FlowState.RUNNING
-    # The platform operator (no tenant) sees both.
-    assert manager.get(API).json()["total"] == 2
+    # The platform operator sees both; a request of no tenant sees neither.
+    assert manager.get(API, **AS_PLATFORM).json()["total"] == 2
+    assert manager.get(API).json()["total"] == 0
+    assert manager.get(f"{API}/{ours}").status_code == 404

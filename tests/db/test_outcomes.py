@@ -315,8 +315,8 @@ def test_a_fast_sends_kept_jobs_start_at_their_finish_less_their_share_of_the_se
 
 
 def test_the_statistics_readers_sum_the_buckets_and_their_shards(t0: datetime) -> None:
-    """A bucket's runs are in ``JobStat`` (folded, or added by a worker of an earlier
-    release) and in the shards not folded yet: the readers add them up."""
+    """A bucket's runs are in ``JobStat`` (added by a worker of the first release) and in
+    its shards, folded or not: the readers add them up."""
     hour = t0.replace(minute=0, second=0, microsecond=0)
     JobStat.objects.create(hour=hour, target="oc.sum", outcome="ok", count=3)
     JobStatShard.objects.bulk_create([
@@ -335,7 +335,8 @@ def test_two_sessions_count_one_bucket_without_waiting_for_each_other(t0: dateti
     outcome writes waited for the others' commits. The readers sum the shards."""
     from jobs_engine.store import dialect, queue
 
-    bucket = (t0.replace(minute=0, second=0, microsecond=0), "oc.shared", "ok")
+    bucket = store.StatBucket(t0.replace(minute=0, second=0, microsecond=0), "oc.shared",
+                              "ok", "")
     mine = dialect.session_shard(queue.STATS_SHARDS)
     if connection.vendor != "postgresql":  # one writer at a time holds the whole database
         assert mine == 0

@@ -122,10 +122,22 @@ def test_rows_closed_by_a_takeover_count_as_dead() -> None:
 
 
 def test_upsert_adds_to_an_existing_bucket(now: datetime) -> None:
-    bucket = (hour_of(now), "st.add", "ok")
+    bucket = store.StatBucket(hour_of(now), "st.add", "ok", "")
+    dead = store.StatBucket(hour_of(now), "st.add", "dead", "")
     store.job_stats_add({bucket: 2})
-    store.job_stats_add({bucket: 5, (hour_of(now), "st.add", "dead"): 1})
-    assert stats() == {bucket: 7, (hour_of(now), "st.add", "dead"): 1}
+    store.job_stats_add({bucket: 5, dead: 1})
+    assert stats() == {bucket[:3]: 7, dead[:3]: 1}
+
+
+def test_a_tenants_runs_are_counted_apart_and_read_by_that_tenant_only(now: datetime
+                                                                       ) -> None:
+    hour = hour_of(now)
+    store.job_stats_add({store.StatBucket(hour, "st.t", "ok", "acme"): 2,
+                         store.StatBucket(hour, "st.t", "ok", "umbrella"): 3,
+                         store.StatBucket(hour, "st.t", "ok", ""): 4})
+    assert store.job_stats_since(hour, of_tenant="acme") == [(hour, "st.t", "ok", 2)]
+    assert store.job_stats_since(hour, of_tenant="umbrella") == [(hour, "st.t", "ok", 3)]
+    assert store.job_stats_since(hour) == [(hour, "st.t", "ok", 9)]  # the platform: all
 
 
 # -- DEAD retention ------------------------------------------------------------------------
@@ -169,28 +181,36 @@ def test_retention_runs_at_most_once_per_retention_s(targets: Any, now: datetime
 
 
 def test_retention_adds_the_statistics_shards_to_their_buckets(now: datetime) -> None:
-    """Each session counts into its own shard of a bucket; a pass adds the shards to their
-    ``JobStat`` bucket (the admin's list: one row per hour, target and outcome) and removes
-    them, counts unchanged; a session counting again makes a new shard."""
+    """Each session counts into its own shard of a bucket; a pass adds the shards into
+    their bucket's FOLDED row (a tenant's apart) and removes them, counts unchanged; a
+    session counting again makes a new shard. A first-release worker's ``JobStat`` bucket
+    is left as it is and still counted."""
     hour = hour_of(now)
+    folded = JobStatShard.FOLDED
     JobStat.objects.create(hour=hour - HOUR, target="st.fold", outcome="ok", count=2)
     JobStatShard.objects.bulk_create([
         JobStatShard(hour=hour - HOUR, target="st.fold", outcome="ok", shard=shard,
                      count=count) for shard, count in ((5, 3), (9, 4))] + [
         JobStatShard(hour=hour - HOUR, target="st.fold", outcome="dead", shard=5, count=1),
         JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=5, count=7),
-        JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=9, count=1)])
+        JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=9, count=1),
+        JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=9, count=6,
+                     tenant_id="acme"),
+        JobStatShard(hour=hour, target="st.fold", outcome="ok", shard=folded, count=10)])
     sums = [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"]
 
     RetentionService(conf.jobs_settings()).run_once(now)
 
-    assert sorted(JobStat.objects.filter(target="st.fold").values_list(
-        "hour", "outcome", "count")) == [(hour - HOUR, "dead", 1), (hour - HOUR, "ok", 9),
-                                         (hour, "ok", 8)]
-    assert not JobStatShard.objects.filter(target="st.fold").exists()
+    assert sorted(JobStatShard.objects.filter(target="st.fold").values_list(
+        "hour", "outcome", "tenant_id", "shard", "count")) == [
+        (hour - HOUR, "dead", "", folded, 1), (hour - HOUR, "ok", "", folded, 7),
+        (hour, "ok", "", folded, 18), (hour, "ok", "acme", folded, 6)]
+    assert list(JobStat.objects.filter(target="st.fold").values_list("count", flat=True)) \
+        == [2]
     assert [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"] == sums
-    store.job_stats_add({(hour, "st.fold", "ok"): 1})
-    assert (hour, "st.fold", "ok", 9) in store.job_stats_since(hour)
+    assert store.job_stats_since(hour, of_tenant="acme") == [(hour, "st.fold", "ok", 6)]
+    store.job_stats_add({store.StatBucket(hour, "st.fold", "ok", ""): 1})
+    assert (hour, "st.fold", "ok", 25) in store.job_stats_since(hour)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -200,9 +220,8 @@ def test_two_workers_folding_at_once_count_each_shard_once(now: datetime) -> Non
         JobStatShard(hour=hour, target="st.race", outcome="ok", shard=shard, count=shard)
         for shard in range(1, 21)])
     race(store.job_stats_fold_shards, store.job_stats_fold_shards)
-    assert list(JobStat.objects.filter(target="st.race").values_list("count", flat=True)) == [
-        sum(range(1, 21))]
-    assert not JobStatShard.objects.filter(target="st.race").exists()
+    assert list(JobStatShard.objects.filter(target="st.race").values_list(
+        "shard", "count")) == [(JobStatShard.FOLDED, sum(range(1, 21)))]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -244,9 +263,9 @@ def test_metrics_report_backlog_age_dead_and_runs(targets: Any, now: datetime) -
     make_job("st.m.fast", next_run_at=now + timedelta(minutes=5))
     make_job("st.m.long", next_run_at=now - timedelta(seconds=30))
     make_job("st.m.fast", status=JobStatus.DEAD)
-    store.job_stats_add({(hour_of(now), "st.m.fast", "ok"): 4,
-                         (hour_of(now) - HOUR, "st.m.fast", "ok"): 3,
-                         (hour_of(now), "st.m.fast", "dead"): 1})
+    store.job_stats_add({store.StatBucket(hour_of(now), "st.m.fast", "ok", ""): 4,
+                         store.StatBucket(hour_of(now) - HOUR, "st.m.fast", "ok", "acme"): 3,
+                         store.StatBucket(hour_of(now), "st.m.fast", "dead", ""): 1})
     store.pause_set("st.m.fast", now, 30, "down")
 
     found = families(metrics.render(now).decode())

@@ -146,7 +146,8 @@ def seed(user):
     store.partitions_seed(jobs_settings().PARTITIONS)
     store.worker_beat("probe-worker", now, hostname="probe", pid=os.getpid(), lanes="fast")
     store.pause_set("probe:paused", now, 60, "paused by the probe")
-    store.job_stats_add({(now.replace(minute=0, second=0, microsecond=0), MAIL_SEND, "ok"): 3})
+    store.job_stats_add({store.StatBucket(now.replace(minute=0, second=0, microsecond=0),
+                                          MAIL_SEND, "ok", ""): 3})
     store.job_stats_fold_shards()  # as a retention pass does: the list's rows
     audit(user, "probe", "job", job.job_id, ok=True, message="by the probe")
     sync_declared()
