@@ -42,6 +42,7 @@ class ScheduleOut(Schema):
     last_finished_at: datetime | None
     last_skipped_at: datetime | None
     last_skip_reason: str
+    tenant_id: str | None = Field(description="The tenant it belongs to; null: none.")
     updated_at: datetime
 
 
@@ -78,7 +79,7 @@ def schedule_out(row: Schedule) -> dict[str, Any]:
         "next_run_local": operations.in_zone(row.next_run_at, row.timezone),
         "last_run_at": _utc(row.last_run_at), "last_finished_at": _utc(row.last_finished_at),
         "last_skipped_at": _utc(row.last_skipped_at), "last_skip_reason": row.last_skip_reason,
-        "updated_at": _utc(row.updated_at),
+        "tenant_id": row.tenant_id, "updated_at": _utc(row.updated_at),
     }
 
 

@@ -25,11 +25,12 @@ def _no_op(slot: datetime, job: Job) -> None:
 
 @contextmanager
 def declared_schedule(name: str, cron: str = "30 2 * * *", *, timezone: str = "Europe/Berlin",
-                      handler: Callable[[datetime, Job], None] = _no_op) -> Iterator[Schedule]:
+                      handler: Callable[[datetime, Job], None] = _no_op,
+                      tenant_id: str | None = None) -> Iterator[Schedule]:
     """Declare ``<name>_<random>`` (a code no other test's rows share), sync its row and
     yield it; undeclared afterwards (the row goes with the test's transaction)."""
     code = f"{name}_{uuid.uuid4().hex[:6]}"
-    declare(code, cron, handler, timezone=timezone)
+    declare(code, cron, handler, timezone=timezone, tenant_id=tenant_id)
     try:
         sync_declared()
         yield Schedule.objects.get(code=code)
