@@ -43,6 +43,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from ninja import Field, NinjaAPI, Path, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.parser import Parser
 from ninja.security.apikey import APIKeyCookie
 from ninja.utils import check_csrf
 from pydantic import BeforeValidator, ConfigDict, StringConstraints, model_validator
@@ -55,6 +56,7 @@ from jobs_engine.operators.actions import MAX_JOB_ID
 from jobs_engine.operators.queries import capped_count
 from jobs_engine.states import JobStatus
 from jobs_engine.tenancy import scoped, tenant_of
+from jobs_engine.text import load_json
 
 logger = logging.getLogger("jobs_engine")
 
@@ -136,6 +138,23 @@ def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
     return guarded
 
 
+class NotJson(ValueError):
+    """A body sent as something other than JSON to a route that takes one."""
+
+
+JSON_TYPES = ("application/json",)
+
+
+class JsonBodies(Parser):
+    """The bodies of routes that take one: JSON only (a form is 415, ``_http_error``), and
+    JSON nested too deep for the decoder is a 400 like any other that is not JSON."""
+
+    def parse_body(self, request: HttpRequest) -> Any:
+        if request.content_type not in JSON_TYPES:
+            raise NotJson(f"body: send it as application/json, not {request.content_type}")
+        return load_json(request.body)
+
+
 api = NinjaAPI(
     title="jobs-engine API",
     version="1",
@@ -143,6 +162,7 @@ api = NinjaAPI(
     urls_namespace="jobs_api",
     auth=ManagerSession(),
     docs_decorator=docs_access,
+    parser=JsonBodies(),
 )
 
 
@@ -179,6 +199,8 @@ def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(exc, AuthenticationError):
         return error_response(401, "unauthorized",
                               ["log in first (Django session, e.g. /admin/login/)"])
+    if isinstance(exc.__cause__, NotJson):  # the body parser's refusal, wrapped by ninja
+        return error_response(415, "unsupported_media_type", [str(exc.__cause__)])
     return error_response(exc.status_code, CODES.get(exc.status_code, "error"), [exc.message])
 
 
@@ -194,10 +216,10 @@ def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> HttpResponse:
 
 @api.exception_handler(RawPostDataException)
 def _form_body(request: HttpRequest, exc: RawPostDataException) -> HttpResponse:
-    """A multipart form sent where a JSON body is taken (read as a form already, it cannot
-    be read as JSON)."""
+    """A multipart form sent where a JSON body is taken, read as a form already (by the CSRF
+    check) so that it cannot be read again."""
     return error_response(415, "unsupported_media_type",
-                          ["body: send it as application/json, not as a form"])
+                          [f"body: send it as application/json, not {request.content_type}"])
 
 
 @api.exception_handler(InvalidSettings)

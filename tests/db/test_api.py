@@ -404,6 +404,27 @@ def test_two_concurrent_retries_one_200_one_409(targets: Any) -> None:
 # -- OpenAPI -------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("page", ["docs", "openapi.json"])
+def test_the_api_documentation_is_for_staff_unless_the_setting_says_otherwise(
+        settings: Any, page: str) -> None:
+    """It maps every route and field: anonymous callers and users who are not staff are
+    sent to the login page; ``API_DOCS`` "public" opens it, "off" closes it to all."""
+    url = f"/jobs/api/v1/{page}"
+    from django.contrib.auth.models import User
+
+    outsider = Client()
+    outsider.force_login(User.objects.create_user("outsider", password="pw"))
+    insider = Client()
+    insider.force_login(staff())
+    for refused in (Client().get(url), outsider.get(url)):
+        assert refused.status_code == 302 and "/login/" in refused["Location"]
+    assert insider.get(url).status_code == 200
+    settings.JOBS = {"API_DOCS": "public"}
+    assert Client().get(url).status_code == 200
+    settings.JOBS = {"API_DOCS": "off"}
+    assert insider.get(url).status_code == 404
+
+
 def test_openapi_docs_and_schema() -> None:
     staff_client = Client()
     staff_client.force_login(staff())

@@ -145,3 +145,48 @@ def test_another_tenants_flow_is_404_like_an_unknown_id(operator: Client,
     assert operator.post(reverse("admin:jobs_engine_flow_cancel", args=[theirs]),
                          **as_a).status_code == 404
     assert Flow.objects.get(id=theirs).state == FlowState.RUNNING
+
+
+def test_managing_flows_includes_seeing_them() -> None:
+    flows.chain("monthly-report", [Step("query")])
+    acting = staff_with("manage_flows", username="acting")
+    listed = acting.get(LIST)
+    assert listed.status_code == 200 and "monthly-report" in listed.content.decode()
+    assert LIST in acting.get(reverse("admin:index")).content.decode()
+
+
+def test_a_start_refused_by_its_input_is_a_message_and_writes_nothing(operator: Client
+                                                                     ) -> None:
+    """An input nested past the decoder's depth, and a builder that fails on its input
+    (a KeyError for a missing field), are refused with a message naming them."""
+    flows.define("by-field", lambda value: flows.ChainSpec([Step("a", value["month"])]), "")
+    try:
+        deep = operator.post(START, {"definition": "by-field",
+                                     "input": "[" * 100_000 + "]" * 100_000}, follow=True)
+        assert deep.status_code == 200
+        assert "Not started: input: not JSON (nested more than" in deep.content.decode()
+        missing = operator.post(START, {"definition": "by-field", "input": '{"year": 1}'},
+                                follow=True)
+        assert missing.status_code == 200
+        assert ("Not started: input: the builder of by-field refused it: KeyError: "
+                "&#x27;month&#x27;") in missing.content.decode()
+    finally:
+        flows._definitions.pop("by-field", None)
+    assert not Flow.objects.exists()
+
+
+def test_start_retry_and_cancel_from_the_admin_are_audited(operator: Client) -> None:
+    from jobs_engine.models import AuditRecord
+
+    flows.define("monthly-report", lambda month: flows.ChainSpec([Step("query", month)]), "")
+    try:
+        operator.post(START, {"definition": "monthly-report", "input": '"2026-11"'})
+    finally:
+        flows._definitions.pop("monthly-report", None)
+    failed = failed_chain()
+    operator.post(reverse("admin:jobs_engine_flow_retry", args=[failed]))
+    operator.post(reverse("admin:jobs_engine_flow_cancel", args=[failed]))
+    assert list(AuditRecord.objects.order_by("id").values_list(
+        "username", "action", "object_type", "result")) == [
+        ("operator", "start", "flow_definition", "ok"), ("operator", "retry", "flow", "ok"),
+        ("operator", "cancel", "flow", "ok")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import pytest
@@ -9,8 +10,10 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 
 from jobs_engine import flows
+from jobs_engine.errors import FlowStepJob
 from jobs_engine.flows import Step
 from jobs_engine.models import Flow, FlowStep, Job
+from jobs_engine.operators.actions import cancel_job
 from jobs_engine.states import FlowState, StepState
 from tests.db.conftest import AS_PLATFORM, BY_TENANT
 
@@ -142,3 +145,98 @@ def test_another_tenants_flow_answers_404_like_an_unknown_id(manager: Client,
     assert manager.get(API, **AS_PLATFORM).json()["total"] == 2
     assert manager.get(API).json()["total"] == 0
     assert manager.get(f"{API}/{ours}").status_code == 404
+
+
+def test_managing_flows_includes_seeing_them() -> None:
+    """A user who may start, retry and cancel flows may list what it acts on."""
+    flow_id = flows.chain("c", [Step("a")])
+    acting = client_of(user_with("manage_flows", username="acting"))
+    assert acting.get(API).json()["total"] == 1
+    assert acting.get(f"{API}/{flow_id}").status_code == 200
+    assert acting.get(f"{API}/definitions").status_code == 200
+
+
+def test_every_flow_action_leaves_an_audit_record(manager: Client, monthly: Any) -> None:
+    from jobs_engine.models import AuditRecord
+
+    started = manager.post(f"{API}/definitions/monthly-report/start", {"input": "2026-11"},
+                           content_type="application/json").json()["id"]
+    refused = manager.post(f"{API}/definitions/monthly-report/start", {"input": 11},
+                           content_type="application/json")
+    assert refused.status_code == 400
+    first = FlowStep.objects.get(flow_id=started, position=0)
+    Job.objects.filter(id=first.job_id).update(status="DEAD")
+    FlowStep.objects.filter(id=first.id).update(state=StepState.FAILED, last_error="x")
+    Flow.objects.filter(id=started).update(state=FlowState.FAILED)
+    assert manager.post(f"{API}/{started}/retry").status_code == 200
+    assert manager.post(f"{API}/{started}/cancel").status_code == 200
+    assert manager.post(f"{API}/{started}/cancel").status_code == 409
+    records = list(AuditRecord.objects.order_by("id").values_list(
+        "username", "action", "object_type", "object_id", "result", "message"))
+    assert records == [
+        ("flows-manager", "start", "flow_definition", "monthly-report", "ok",
+         f"flow {started} started"),
+        ("flows-manager", "start", "flow_definition", "monthly-report", "refused",
+         "input: must be a month such as '2026-11'"),
+        ("flows-manager", "retry", "flow", str(started), "ok",
+         f"1 failed step(s) queued again; DEAD job(s) replaced: {first.job_id}"),
+        ("flows-manager", "cancel", "flow", str(started), "ok", "2 step(s) dropped"),
+        ("flows-manager", "cancel", "flow", str(started), "refused",
+         f"flow {started} is CANCELLED: nothing to cancel")]
+
+
+def test_a_form_sent_to_a_route_that_takes_json_is_415_and_writes_nothing(
+        manager: Client, monthly: Any) -> None:
+    from jobs_engine.models import AuditRecord
+
+    start = f"{API}/definitions/monthly-report/start"
+    strict = Client(enforce_csrf_checks=True)  # its middleware reads a form first
+    strict.force_login(User.objects.get(username="flows-manager"))
+    strict.get("/jobs/api/v1/docs")  # the csrftoken cookie
+    token = strict.cookies["csrftoken"].value
+    for client, headers in ((manager, {}), (strict, {"X-CSRFToken": token})):
+        for data in ({"input": "2026-11", "file": io.BytesIO(b"x")},  # multipart
+                     {"csrfmiddlewaretoken": token, "input": "2026-11"}):
+            form = client.post(start, data, headers=headers)
+            assert (form.status_code, form.json()["code"]) == (415, "unsupported_media_type")
+        urlencoded = client.post(start, "input=2026-11", headers=headers,
+                                 content_type="application/x-www-form-urlencoded")
+        assert urlencoded.status_code == 415
+    assert not Flow.objects.exists() and not AuditRecord.objects.exists()
+
+
+def test_a_builder_that_fails_on_its_input_is_a_400_naming_the_flow(manager: Client) -> None:
+    flows.define("by-field", lambda value: flows.ChainSpec([Step("a", value["month"])]), "")
+    try:
+        for value in ({"year": 2026}, "2026-11", None):
+            refused = manager.post(f"{API}/definitions/by-field/start", {"input": value},
+                                   content_type="application/json")
+            assert refused.status_code == 400, refused.content
+            [message] = refused.json()["message"]
+            assert message.startswith("input: the builder of by-field refused it: ")
+        deep = "[" * 20_000 + "]" * 20_000  # past the decoder's depth, inside the size
+        nested = manager.post(f"{API}/definitions/by-field/start", '{"input": ' + deep + "}",
+                              content_type="application/json")
+        assert nested.status_code == 400
+    finally:
+        flows._definitions.pop("by-field", None)
+    assert not Flow.objects.exists()
+
+
+def test_a_job_action_on_a_flow_step_is_refused_naming_the_flow(manager: Client) -> None:
+    """Cancelling a step's job alone left its flow RUNNING for ever, and the flow's retry
+    found nothing to retry; the flow's own actions act on both."""
+    jobs_manager = client_of(user_with("manage_jobs", username="jobs"))
+    flow_id = flows.chain("c", [Step("a"), Step("b")])
+    step = FlowStep.objects.get(flow_id=flow_id, position=0)
+    for action in ("cancel", "retry", "skip"):
+        refused = jobs_manager.post(f"/jobs/api/v1/jobs/{step.job_id}/{action}")
+        assert (refused.status_code, refused.json()["code"]) == (409, "flow_step")
+        assert refused.json()["message"] == [
+            f"job {step.job_id} runs step 0 of flow {flow_id}; retry or cancel the flow "
+            "instead"]
+    with pytest.raises(FlowStepJob):
+        cancel_job(step.job_id, None)
+    assert Job.objects.filter(id=step.job_id, status="PENDING").exists()
+    assert Flow.objects.get(id=flow_id).state == FlowState.RUNNING
+    assert manager.post(f"{API}/{flow_id}/cancel").json()["state"] == "CANCELLED"

@@ -382,6 +382,45 @@ def test_get_result_of_a_job_that_is_not_a_task_does_not_exist(targets: Any) -> 
         task_backends["default"].get_result(str(job.job_id))
 
 
+@pytest.mark.parametrize("payload", [{"task": "tests.task_functions.add"}, None, [1], "x",
+                                     {"task": 5, "args": [], "kwargs": {}, "backend": "default",
+                                      "queue": "default", "priority": 0}])
+def test_get_result_of_a_task_queues_job_that_no_task_enqueued_does_not_exist(
+        payload: Any) -> None:
+    """A job of a queue's target enqueued around the Tasks API (by ``enqueue``, a data
+    migration) names no task: no result, rather than a KeyError from its payload."""
+    job = enqueue("tasks:default:default", payload)
+    with pytest.raises(TaskResultDoesNotExist):
+        task_backends["default"].get_result(str(job.job_id))
+
+
+def test_arguments_nested_past_the_payload_depth_are_invalid_task() -> None:
+    """Deep nesting would fail the JSON encoder with a RecursionError (past ~1,000) or
+    the worker's decoder (past MAX_PAYLOAD_DEPTH): refused, named, nothing written."""
+    deep: Any = []
+    for _ in range(5_000):
+        deep = [deep]
+    with pytest.raises(InvalidTask, match=r"arguments .*nested"):
+        tasks.process_data.enqueue(deep)
+    shallow_but_too_deep: Any = "x"
+    for _ in range(101):
+        shallow_but_too_deep = {"k": shallow_but_too_deep}
+    with pytest.raises(InvalidTask, match="MAX_PAYLOAD_DEPTH"):
+        tasks.process_data.enqueue(value=shallow_but_too_deep)
+    assert task_jobs() == 0
+
+
+def test_arguments_read_back_exactly_as_the_worker_gets_them() -> None:
+    """JSON has string keys only and no tuples: the result ``enqueue`` returns, the one
+    ``get_result`` reads and the task's own call all see the stored arguments."""
+    result = tasks.process_data.enqueue({1: 2, "t": (1, 2)})
+    stored = {"1": 2, "t": [1, 2]}
+    assert result.args == [stored]
+    assert task_backends["default"].get_result(result.id).args == [stored]
+    Worker().drain()
+    assert tasks.process_data.get_result(result.id).return_value == stored
+
+
 @pytest.mark.parametrize(("params", "names"), [
     ({"QUEUES": []}, "QUEUES"),
     ({"OPTIONS": {"RETRIES": 3}}, "RETRIES"),

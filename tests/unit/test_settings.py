@@ -133,6 +133,15 @@ NONSENSE: list[tuple[str, dict[str, Any], str]] = [
     ("workers-as-number", {"WORKERS": 5}, "WORKERS"),
     ("notify-as-text", {"NOTIFY": "sometimes"}, "NOTIFY"),
     ("metrics-token-as-number", {"METRICS_TOKEN": 1234}, "METRICS_TOKEN"),
+    # A token short enough to guess, or one that whitespace or another script would make
+    # differ between the scraper's header and the setting.
+    ("metrics-token-too-short", {"METRICS_TOKEN": "x"}, "METRICS_TOKEN"),
+    ("metrics-token-of-15", {"METRICS_TOKEN": "a" * 15}, "METRICS_TOKEN"),
+    ("metrics-token-with-space", {"METRICS_TOKEN": " " + "a" * 20}, "METRICS_TOKEN"),
+    ("metrics-token-not-ascii", {"METRICS_TOKEN": "é" * 20}, "METRICS_TOKEN"),
+    ("api-docs-unknown", {"API_DOCS": "everyone"}, "API_DOCS"),
+    ("tenant-resolver-unimportable", {"TENANT_RESOLVER": "no.such.resolver"},
+     "TENANT_RESOLVER"),
 ]
 
 
@@ -181,6 +190,8 @@ def test_sane_settings_pass_the_check(settings: Any) -> None:
     assert run_check(settings, {}) == []
     assert run_check(settings, {"PARTITIONS": 8, "PARTITION_LEASE_S": 10,
                                 "PARTITION_HEARTBEAT_S": 3, "RETENTION_S": 5}) == []
+    assert run_check(settings, {"METRICS_TOKEN": "a" * 16, "API_DOCS": "public",
+                                "TENANT_RESOLVER": "tests.db.conftest.by_tenant"}) == []
 
 
 def test_bad_env_value_is_a_check_error(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
