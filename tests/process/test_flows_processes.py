@@ -51,7 +51,7 @@ def test_a_failed_chain_resumes_from_the_failed_step(cluster: WorkerCluster) -> 
     assert [r.position for r in runs(cluster, flow_id)] == [0, 1, 1, 1]  # step 3 never ran
 
     fix(cluster, "fixed")
-    assert flows.retry(flow_id) == 1
+    assert flows.retry(flow_id).steps == 1
     wait_until(lambda: state(flow_id) == FlowState.COMPLETED, 60, "the chain to complete")
     assert [r.position for r in runs(cluster, flow_id)] == [0, 1, 1, 1, 1, 2]  # 1 not rerun
     last = FlowStep.objects.get(flow_id=flow_id, position=2)
@@ -76,7 +76,7 @@ def test_a_batch_callback_waits_for_failed_jobs_and_gets_every_result(
     assert not [r for r in runs(cluster, flow_id) if r.name == SUMMARY]
 
     fix(cluster, "fixed")
-    assert flows.retry(flow_id) == 2
+    assert flows.retry(flow_id).steps == 2
     wait_until(lambda: state(flow_id) == FlowState.COMPLETED, 60, "the batch to complete")
     assert FlowStep.objects.get(flow_id=flow_id, role="callback").result == list(range(50))
     done_once = [r.position for r in runs(cluster, flow_id, "end")]
