@@ -25,6 +25,7 @@ from django.db import connection, transaction
 from bench import targets
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
+from jobs_engine.context import job_context
 from jobs_engine.enqueueing import enqueue_many
 from jobs_engine.testing import ManagedProcess, ProcessGroup, process_env, wait_until
 from tests.kafka.broker import KafkaBroker
@@ -143,17 +144,19 @@ def analyze() -> None:
 E100_KEYS = 1_000  # the keyed E100: each job one of this many keys
 
 
-def enqueue_rate(target: str, n: int, keys: int = 0) -> float:
+def enqueue_rate(target: str, n: int, keys: int = 0, tenant: str | None = None) -> float:
     """E100: ``n`` jobs of ``target`` enqueued 100 per transaction; jobs per second. With
-    ``keys``, each job has one of that many keys, as events of business objects do."""
+    ``keys``, each job has one of that many keys, as events of business objects do; with
+    ``tenant``, every job is that tenant's, as when a request of a tenant enqueues."""
     batches = n // 100
     keyed = [{"key": f"k{i}"} for i in range(keys)]
     started = time.perf_counter()
-    for b in range(batches):
-        with transaction.atomic():
-            enqueue_many([{"target": target, "payload": payload(i),
-                           **(keyed[i % keys] if keys else {})}
-                          for i in range(b * 100, b * 100 + 100)])
+    with job_context(None, None, tenant):
+        for b in range(batches):
+            with transaction.atomic():
+                enqueue_many([{"target": target, "payload": payload(i),
+                               **(keyed[i % keys] if keys else {})}
+                              for i in range(b * 100, b * 100 + 100)])
     elapsed = time.perf_counter() - started
     stored = remaining()
     if stored != batches * 100:

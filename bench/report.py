@@ -47,6 +47,8 @@ def rows_for(o: Options) -> list[Row]:
             "raw psycopg 41,660; django-q2 Redis 4,615; Procrastinate 4,611; django-q2 ORM "
             "2,117; Celery 1,872; django-tasks-db 1,705"),
         Row("e100_keyed", f"E100 keyed: the same, each job one of {E100_KEYS:,} keys", "jobs/s"),
+        Row("e100_tenant", "E100 of a tenant: the same, every job the request's tenant's",
+            "jobs/s"),
         Row("e100_raw", "  E100 raw psycopg, same session (reference limit)", "jobs/s",
             peers="raw psycopg 41,660"),
         Row("e1", f"E1: {o.e1_n:,} jobs, enqueue per call, autocommit", "jobs/s", "", None,

@@ -79,6 +79,8 @@ def phase_e100(o: Options) -> Metrics:
     out = {"e100": enqueue_rate(targets.AT_MOST_ONCE, o.e100_n)}
     reset()
     out["e100_keyed"] = enqueue_rate(targets.AT_MOST_ONCE, o.e100_n, keys=E100_KEYS)
+    reset()
+    out["e100_tenant"] = enqueue_rate(targets.AT_MOST_ONCE, o.e100_n, tenant="bench-tenant")
     if store.is_postgres():
         out["e100_raw"] = raw_e100(o.e100_n)
     return out

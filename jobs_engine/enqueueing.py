@@ -80,6 +80,8 @@ def _json_text(field: str, value: Any, max_bytes: int | None = None) -> str:
 _ARGUMENTS = frozenset({"target", "payload", "code", "key", "version", "dedupe_key", "headers",
                         "run_at", "priority", "tenant_id"})
 _TARGET_AND_PAYLOAD = frozenset({"target", "payload"})
+# What a batch of payloads (``_target_of_payloads``) may give besides them: one tenant for all.
+_SHARED_BY_PAYLOADS = _TARGET_AND_PAYLOAD | {"tenant_id"}
 
 
 def job_tenant(given: str | Platform | None, current: str | None) -> str | None:
@@ -162,26 +164,29 @@ def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None
     )
 
 
-def _target_of_payloads(items: list[Mapping[str, Any]], using: str | None) -> Target | None:
+def _target_of_payloads(items: list[Mapping[str, Any]], using: str | None
+                        ) -> tuple[Target, Any] | None:
     """The target of a batch whose every item is that target's payload and nothing else
-    (each other argument absent or at its default), on PostgreSQL, for a durable target;
-    None for any other batch, which ``_build`` checks item by item."""
+    (each other argument absent or at its default, the tenant the same for all), on
+    PostgreSQL, for a durable target, and that tenant as given (None: not given); None for
+    any other batch, which ``_build`` checks item by item."""
     if not items or not store.is_postgres(using):
         return None
     name = items[0].get("target")
     if name is None:
         return None
+    tenant = items[0].get("tenant_id")
     for item in items:
-        if item.get("target") != name:
+        if item.get("target") != name or item.get("tenant_id") != tenant:
             return None
         if item.keys() != _TARGET_AND_PAYLOAD:
             for argument, value in item.items():
                 if argument not in _ARGUMENTS or (
-                        value is not None and argument not in _TARGET_AND_PAYLOAD
+                        value is not None and argument not in _SHARED_BY_PAYLOADS
                         and not (argument == "priority" and type(value) is int and value == 0)):
                     return None
     target = get_target(name)
-    return None if target.lossy else target
+    return None if target.lossy else (target, tenant)
 
 
 def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: JobsSettings,
@@ -207,10 +212,11 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     settings = jobs_settings()
     items = list(items)
     trace_id, actor, tenant = request_trace_id(), current_actor(), current_tenant()
-    target_of_payloads = _target_of_payloads(items, using)
-    if target_of_payloads is not None:
-        return _enqueue_payloads(target_of_payloads, items, settings, trace_id, actor, tenant,
-                                 using)
+    payloads_of = _target_of_payloads(items, using)
+    if payloads_of is not None:
+        target, given_tenant = payloads_of
+        return _enqueue_payloads(target, items, settings, trace_id, actor,
+                                 job_tenant(given_tenant, tenant), using)
     keys = random_keys(len(items) * (1 if trace_id else 2))  # dedupe keys, trace ids
     built = [_build(item, settings, trace_id, actor, tenant, keys) for item in items]
     durable: list[store.NewJob] = []

@@ -63,6 +63,26 @@ def test_enqueue_and_each_row_of_enqueue_many_take_a_tenant(targets: Any) -> Non
                          rows[3].job_id: None}
 
 
+def test_a_batch_of_payloads_with_one_tenant_or_several(targets: Any) -> None:
+    """A batch of one target's payloads is inserted by the server (PostgreSQL) when its
+    rows share a tenant; rows of several tenants, or some naming none, keep each their own."""
+    targets("tn.t")
+    same = enqueue_many([{"target": "tn.t", "payload": i, "tenant_id": "acme"}
+                         for i in range(3)])
+    mixed = enqueue_many([{"target": "tn.t", "payload": 1, "tenant_id": "acme"},
+                          {"target": "tn.t", "payload": 2},
+                          {"target": "tn.t", "payload": 3, "tenant_id": None}])
+    none_first = enqueue_many([{"target": "tn.t", "payload": 1},
+                               {"target": "tn.t", "payload": 2, "tenant_id": "acme"}])
+    found = tenants()
+    assert [found[r.job_id] for r in same] == ["acme"] * 3  # type: ignore[index]
+    assert [found[r.job_id] for r in mixed] == ["acme", None, None]  # type: ignore[index]
+    assert [found[r.job_id] for r in none_first] == [None, "acme"]  # type: ignore[index]
+    with pytest.raises(InvalidJob, match="tenant_id"):
+        enqueue_many([{"target": "tn.t", "payload": i, "tenant_id": ""} for i in range(3)])
+    assert len(tenants()) == 8
+
+
 BAD_TENANT_IDS = ["", "a\x00b", "x" * 201, 5, b"acme", "a\nb", "\ud800", "\x7f"]
 
 
