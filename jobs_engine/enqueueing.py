@@ -23,7 +23,7 @@ from jobs_engine.errors import InvalidJob
 from jobs_engine.lanes import lossy
 from jobs_engine.registry import Target, get_target
 from jobs_engine.states import Lane
-from jobs_engine.tenancy import PLATFORM, Platform, tenant_id_problem
+from jobs_engine.tenancy import Platform, tenant_for
 from jobs_engine.text import NUL_PROBLEM, SURROGATE_PROBLEM, json_text
 
 MAX_DEDUPE_KEY_LENGTH = 255
@@ -84,17 +84,12 @@ _TARGET_AND_PAYLOAD = frozenset({"target", "payload"})
 _SHARED_BY_PAYLOADS = _TARGET_AND_PAYLOAD | {"tenant_id"}
 
 
-def job_tenant(given: str | Platform | None, current: str | None) -> str | None:
-    """The tenant a job belongs to: ``given``, or for None the tenant of the request or job
-    the caller runs for (``current``); ``PLATFORM``: none, whatever the caller serves."""
-    if given is None:
-        return current
-    if given is PLATFORM:
-        return None
-    problem = tenant_id_problem(given)
-    if problem is not None:
-        raise InvalidJob("tenant_id", f"{problem} (a tenant id, PLATFORM or None)")
-    return given  # type: ignore[return-value]  # a str: tenant_id_problem found none
+def job_tenant(given: str | Platform | None, serving: str | None) -> str | None:
+    """``tenancy.tenant_for``, refusing a bad tenant id as a bad enqueue argument."""
+    try:
+        return tenant_for(given, serving)
+    except ValueError as exc:
+        raise InvalidJob("tenant_id", str(exc)) from None
 
 
 def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None,

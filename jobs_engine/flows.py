@@ -41,7 +41,7 @@ from jobs_engine.job import Job
 from jobs_engine.models import Flow, FlowStep
 from jobs_engine.models import Job as JobRow
 from jobs_engine.states import FlowState, StepRole, StepState
-from jobs_engine.tenancy import PLATFORM, Platform, Scope, scoped, tenant_id_problem
+from jobs_engine.tenancy import PLATFORM, Platform, Scope, scoped, tenant_for
 from jobs_engine.text import clean, json_text, storable
 
 logger = logging.getLogger("jobs_engine")
@@ -154,14 +154,10 @@ def _steps(where: str, steps: Any) -> Sequence[Step]:
 
 def _tenant(given: Any) -> str | None:
     """The tenant a new flow belongs to (``chain``'s ``tenant_id``)."""
-    if given is None:
-        return current_tenant()
-    if given is PLATFORM:
-        return None
-    problem = tenant_id_problem(given)
-    if problem is not None:
-        raise InvalidFlow("tenant_id", f"{problem} (a tenant id, PLATFORM or None)")
-    return given  # type: ignore[no-any-return]  # a str: tenant_id_problem found none
+    try:
+        return tenant_for(given, current_tenant())
+    except ValueError as exc:
+        raise InvalidFlow("tenant_id", str(exc)) from None
 
 
 def _plan(name: str, groups: list[tuple[str, StepRole, list[Step]]], default_target: Any

@@ -64,6 +64,20 @@ def tenant_id_problem(value: Any) -> str | None:
     return None
 
 
+def tenant_for(given: Any, serving: str | None) -> str | None:
+    """The tenant a new job, flow or schedule belongs to: ``given``; for None the tenant the
+    caller serves (``serving``: the request's or the running job's); ``PLATFORM``: none.
+    ``ValueError`` naming what is wrong with a given value that is no tenant id."""
+    if given is None:
+        return serving
+    if given is PLATFORM:
+        return None
+    problem = tenant_id_problem(given)
+    if problem is not None:
+        raise ValueError(f"{problem} (a tenant id, PLATFORM or None)")
+    return given  # type: ignore[no-any-return]  # a str: tenant_id_problem found none
+
+
 # -- the resolver --------------------------------------------------------------------------
 
 

@@ -87,21 +87,24 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     tenant_field: str | None = "tenant_id"
     platform_only = False
 
+    def shown_to(self, request: HttpRequest) -> bool:
+        """Whether these pages show to the user at all (a cluster's: the platform
+        operator only); the permissions decide the rest."""
+        return not self.platform_only or is_platform(request)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         queryset = super().get_queryset(request)
-        if self.platform_only and not is_platform(request):
+        if not self.shown_to(request):
             return queryset.none()
         if self.tenant_field is None:
             return queryset
         return scoped(queryset, tenant_of(request), self.tenant_field)
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return (not self.platform_only or is_platform(request)) and \
-            super().has_view_permission(request, obj)
+        return self.shown_to(request) and super().has_view_permission(request, obj)
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return (not self.platform_only or is_platform(request)) and \
-            super().has_module_permission(request)
+        return self.shown_to(request) and super().has_module_permission(request)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -123,15 +126,15 @@ class ManagedAdmin(ReadOnlyAdmin):
     private: dict[str, str] = {}
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return (not self.platform_only or is_platform(request)) and (
+        return self.shown_to(request) and (
             can_manage(request) or super().has_view_permission(request, obj))
 
     def has_module_permission(self, request: HttpRequest) -> bool:
-        return (not self.platform_only or is_platform(request)) and (
+        return self.shown_to(request) and (
             can_manage(request) or super().has_module_permission(request))
 
     def has_manage_permission(self, request: HttpRequest) -> bool:
-        return (not self.platform_only or is_platform(request)) and can_manage(request)
+        return self.shown_to(request) and can_manage(request)
 
     # -- private fields --------------------------------------------------------------------
 
