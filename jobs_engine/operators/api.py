@@ -41,6 +41,7 @@ from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
+from django.urls import NoReverseMatch, reverse
 from ninja import Field, NinjaAPI, Path, Query, Router, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.parser import Parser
@@ -132,7 +133,11 @@ def docs_access(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
         user = getattr(request, "user", None)
         if access != "public" and not (user is not None and user.is_active
                                        and user.is_staff):
-            return redirect_to_login(request.get_full_path())
+            try:  # the admin's login, where staff log in (as Django's staff_member_required)
+                login_url = reverse("admin:login")
+            except NoReverseMatch:
+                login_url = None  # settings.LOGIN_URL
+            return redirect_to_login(request.get_full_path(), login_url)
         return view(request, *args, **kwargs)
 
     return guarded
