@@ -32,6 +32,7 @@ class JobInfo:
     running_on: str | None = None  # RUNNING: the worker that holds it
     # Long lane: the tries that ended, oldest first (``models.TRIES_HELP``)
     tries: tuple[dict[str, Any], ...] = ()
+    tenant_id: str | None = None  # the tenant it belongs to; None: none
 
 
 def get_job(job_id: int) -> JobInfo | None:
@@ -44,11 +45,11 @@ def get_job(job_id: int) -> JobInfo | None:
     if row is None:
         return None
     (job_id, target, code, key, status, attempts, result, last_error, created_at, started_at,
-     finished_at, payload, running_on, tries) = row
+     finished_at, payload, running_on, tries, tenant_id) = row
     return JobInfo(id=job_id, target=target, code=code, key=key, status=JobStatus(status),
                    attempts=attempts, result=read_json(result), last_error=last_error,
                    created_at=read_dt(created_at),  # type: ignore[arg-type]
                    started_at=read_dt(started_at), finished_at=read_dt(finished_at),
                    payload=read_json(payload),
                    running_on=running_on if status == JobStatus.RUNNING else None,
-                   tries=tuple(read_json(tries) or ()))
+                   tries=tuple(read_json(tries) or ()), tenant_id=tenant_id)

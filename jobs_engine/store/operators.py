@@ -391,13 +391,14 @@ def jobs_count(statuses: Iterable[str] | None = None) -> int:
 
 def job_info_row(job_id: int) -> tuple[Any, ...] | None:
     """(id, target, code, key, status, attempts, result, last_error, created_at, started_at,
-    finished_at, payload, claimed_by, tries) of a job, from the hot table or the completed
-    ones, or None."""
+    finished_at, payload, claimed_by, tries, tenant_id) of a job, from the hot table or the
+    completed ones, or None."""
     rows = fetch(
         f"SELECT id, target, code, key, status, attempts, NULL, last_error, created_at, "
-        f"started_at, closed_at, payload, claimed_by, tries FROM {JOBS} WHERE id = %s "
-        f"UNION ALL SELECT id, target, code, key, %s, attempts, result, '', created_at, "
-        f"started_at, finished_at, payload, NULL, tries FROM {DONE_JOBS} WHERE id = %s",
+        f"started_at, closed_at, payload, claimed_by, tries, tenant_id FROM {JOBS} "
+        f"WHERE id = %s UNION ALL SELECT id, target, code, key, %s, attempts, result, '', "
+        f"created_at, started_at, finished_at, payload, NULL, tries, tenant_id "
+        f"FROM {DONE_JOBS} WHERE id = %s",
         [job_id, DONE.value, job_id])
     return rows[0] if rows else None
 

@@ -20,6 +20,7 @@ from jobs_engine.checks import check_jobs_settings
 from jobs_engine.context import RequestContextMiddleware
 from jobs_engine.enqueueing import enqueue, enqueue_many
 from jobs_engine.errors import InvalidFlow, InvalidJob, InvalidSettings
+from jobs_engine.inspection import get_job
 from jobs_engine.job import Job as HandlerJob
 from jobs_engine.models import CompletedJob, Flow, Job
 from jobs_engine.policies import JobPolicy
@@ -242,6 +243,7 @@ def test_completed_and_dead_jobs_keep_their_tenant_and_are_counted_in_it(
     enqueue("tn.ok", 3)
     fast_poller()(now)
     assert CompletedJob.objects.get(id=ok).tenant_id == "acme"
+    assert get_job(ok).tenant_id == get_job(failed).tenant_id == "acme"  # type: ignore[union-attr,arg-type]
     assert Job.objects.get(id=failed).status == JobStatus.DEAD
     assert Job.objects.get(id=failed).tenant_id == "acme"
     since = now - timedelta(hours=2)
