@@ -347,15 +347,15 @@ def job_stats_since(since: datetime, *, of_tenant: str | None = None
 
 
 def job_stats_fold_shards() -> int:
-    """Add the shards' counts into their bucket's ``FOLDED`` row and remove them
-    (retention), so a bucket keeps one row however many sessions counted into it. One
+    """Add the appended counts into their bucket's ``FOLDED`` row and remove them
+    (retention), so a bucket keeps one row however many writes counted into it. One
     statement on PostgreSQL, so two workers folding at once cannot count a shard twice
     (the second finds it deleted); a session adding to a shard meanwhile makes a new one.
     Returns the shard rows folded."""
     columns = "hour, target, outcome, tenant_id"
     add = (f"INSERT INTO {JOB_STAT_SHARDS} ({columns}, shard, count) "
            f"SELECT {columns}, {_FOLDED}, SUM(count) FROM {{rows}} GROUP BY {columns} "
-           f"ORDER BY {columns} ON CONFLICT ({columns}, shard) "
+           f"ORDER BY {columns} ON CONFLICT ({columns}) WHERE shard = {_FOLDED} "
            f"DO UPDATE SET count = {JOB_STAT_SHARDS}.count + excluded.count")
     not_folded = f"shard <> {_FOLDED}"
     if writable_ctes():

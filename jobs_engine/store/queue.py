@@ -141,10 +141,9 @@ FLOW_STEPS = FlowStep._meta.db_table
 NOTIFY_CHANNEL = "jobs_engine"
 INSERT_ROWS_FUNCTION = "jobs_engine_insert_rows"  # migrations 0015, 0016 (tenants)
 INSERT_PAYLOADS_FUNCTION = "jobs_engine_insert_payloads"  # migrations 0014, 0016: payloads only
-# Shards of an hourly statistics bucket (``JobStatShard``): each session counts into its own.
+# The shard a session's appended statistics rows name (``JobStatShard``: where they came
+# from; the rows are never updated).
 STATS_SHARDS = 64
-_SHARD_CONFLICT = ("ON CONFLICT (hour, target, outcome, tenant_id, shard) "
-                   f"DO UPDATE SET count = {JOB_STAT_SHARDS}.count + excluded.count")
 LAST_ERROR_LIMIT = 2000
 TAKEOVER_REASON = "in flight when its partition was taken over"
 RESCUE_REASON = "lease expired while running; at-most-once rows are not run twice"
@@ -1038,8 +1037,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         assert writable_ctes(), "the statistics join the statement only through a CTE"
         counted = (f", counted AS (INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, "
                    "tenant_id, shard, count) SELECT %s, target, %s, COALESCE(tenant_id, ''), "
-                   "%s, COUNT(*) FROM moved GROUP BY target, tenant_id "
-                   f"ORDER BY target, tenant_id {_SHARD_CONFLICT} RETURNING 1)")
+                   "%s, COUNT(*) FROM moved GROUP BY target, tenant_id RETURNING 1)")
         count_params = [dt(count_as[0]), count_as[1], session_shard(STATS_SHARDS)]
     if clear_marks:
         assert count_as is not None and guard.lane is Lane.FAST, "a fast poll's last write"
@@ -1138,19 +1136,16 @@ class StatBucket(NamedTuple):
 
 
 def job_stats_add(counts: Mapping[StatBucket, int]) -> None:
-    """Add run counts per bucket in one upsert, into this session's shard.
-
-    Rows go in sorted order so two sessions upserting the same buckets (two whose shards
-    coincide) lock them in the same order (no deadlock).
-    """
+    """Append run counts per bucket in one insert (``JobStatShard``: never an update, so
+    nothing waits for another session's row and no row grows a chain of versions)."""
     if not counts:
         return
     shard = session_shard(STATS_SHARDS)
     rows = [(dt(hour), target, outcome, tenant_id, shard, count)
-            for (hour, target, outcome, tenant_id), count in sorted(counts.items())]
+            for (hour, target, outcome, tenant_id), count in counts.items()]
     values, params = values_(rows)
     execute(f"INSERT INTO {JOB_STAT_SHARDS} (hour, target, outcome, tenant_id, shard, count) "
-            f"{values} {_SHARD_CONFLICT}", params)
+            f"{values}", params)
 
 
 # -- flows ---------------------------------------------------------------------------------

@@ -110,6 +110,7 @@ def test_one_statistics_statement_per_poll(targets: Any, now: datetime) -> None:
     table = JobStatShard._meta.db_table
     writes = [q["sql"] for q in captured.captured_queries if table in q["sql"]]
     assert len(writes) == 1 and writes[0].upper().startswith("INSERT")
+    assert "ON CONFLICT" not in writes[0].upper()  # appended (test_counts_are_appended_...)
     assert stats() == {(hour_of(now), "st.one.ok", "ok"): 5,
                        (hour_of(now), "st.one.retry", "retried"): 3}
 
@@ -121,11 +122,17 @@ def test_rows_closed_by_a_takeover_count_as_dead() -> None:
     assert key[1:] == ("st.takeover", "dead") and count == 2
 
 
-def test_upsert_adds_to_an_existing_bucket(now: datetime) -> None:
+def test_counts_are_appended_never_updated_and_read_summed(now: datetime) -> None:
+    """An update of one row per bucket made writers wait for each other's commits, and
+    grew a chain of versions under an old snapshot: every count is a row of its own."""
     bucket = store.StatBucket(hour_of(now), "st.add", "ok", "")
     dead = store.StatBucket(hour_of(now), "st.add", "dead", "")
-    store.job_stats_add({bucket: 2})
-    store.job_stats_add({bucket: 5, dead: 1})
+    with CaptureQueriesContext(connection) as captured:
+        store.job_stats_add({bucket: 2})
+        store.job_stats_add({bucket: 5, dead: 1})
+    assert not any("UPDATE" in q["sql"].upper() for q in captured.captured_queries)
+    assert sorted(JobStatShard.objects.filter(target="st.add").values_list(
+        "outcome", "count")) == [("dead", 1), ("ok", 2), ("ok", 5)]
     assert stats() == {bucket[:3]: 7, dead[:3]: 1}
 
 
