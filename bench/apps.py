@@ -1,4 +1,6 @@
-"""The bench app: registers the bench targets in every process that loads bench.settings."""
+"""The bench app: registers the bench targets in every process that loads bench.settings, and
+``JOBS_BENCH_IDLE_TARGETS`` idle ones of each lane when that variable is set (the ``shapes``
+phase's workers)."""
 
 from __future__ import annotations
 
@@ -13,3 +15,6 @@ class BenchConfig(AppConfig):
         from bench import targets
 
         targets.register()
+        idle = targets.idle_count()
+        if idle:
+            targets.register_idle(idle)

@@ -71,6 +71,19 @@ class Options:
     long_wait_n: int = 3_000
     lat_sparse_n: int = 10
     lat_sparse_rate: float = 0.2
+    # The ``shapes`` phase (``bench/shapes.py``): idle targets registered per level, the
+    # drains and latency samples beside them; the web tier's processes and jobs; the old
+    # snapshot's drains, and the queue its polls are timed on.
+    shapes_idle: tuple[int, ...] = (0, 50, 500)
+    shapes_fast_n: int = 20_000
+    shapes_long_n: int = 10_000
+    shapes_lat_n: int = 100
+    shapes_web_procs: tuple[int, ...] = (1, 16, 64)
+    shapes_web_n: int = 4_800
+    shapes_xmin_n: int = 20_000
+    shapes_xmin_drains: int = 3
+    shapes_poll_n: int = 1_000
+    shapes_poll_reps: int = 20
 
     @property
     def logs(self) -> Path:

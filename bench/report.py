@@ -131,6 +131,7 @@ def rows_for(o: Options) -> list[Row]:
         ]
     rows += policy_rows(o)
     rows += flow_rows(o)
+    rows += shape_rows(o)
     rows += task_rows(o)
     workers = {1: "1 worker", 3: "3 workers"}
     for kind in targets.KAFKA_TOPICS:
@@ -181,6 +182,91 @@ def policy_rows(o: Options) -> list[Row]:
         Row("policy_done:long_ratio", f"long reserve ratio, {kept} / none", "x", "≤ 1.2x",
             lambda v: v <= 1.2),
     ]
+    return rows
+
+
+def shape_rows(o: Options) -> list[Row]:
+    """The ``shapes`` phase (``bench/shapes.py``): idle targets, a web tier, an old snapshot."""
+    rows: list[Row] = []
+    base = o.shapes_idle[0]
+    idle = [
+        ("fast", f"D1 fast lane, at-least-once, 1 worker ({o.shapes_fast_n:,} jobs)", "jobs/s",
+         True),
+        ("long", f"D1 long lane, 1 worker ({o.shapes_long_n:,} jobs)", "jobs/s", True),
+        ("lat_fast_p50", f"wake-up L p50, fast lane ({o.shapes_lat_n} jobs, idle worker)",
+         "ms", True),
+        ("lat_fast_p99", "wake-up L p99, fast lane", "ms", False),
+        ("lat_long_p50", f"wake-up L p50, long lane ({o.shapes_lat_n} jobs)", "ms", True),
+        ("lat_long_p99", "wake-up L p99, long lane", "ms", False),
+        ("poll_ms", f"fast poll as a worker runs it, {o.shapes_fast_n:,} PENDING of one "
+         f"target (median of {o.shapes_poll_reps})", "ms", True),
+        ("walk_ms", "the worker's backlog walk (once a POLL_S: the targets its poll read "
+         "nothing of)", "ms", True),
+        ("cost", "  the read's plan: the planner's cost (jit_above_cost: 100,000)", "cost",
+         False),
+        ("plan_ms", "  the read's planning time (EXPLAIN ANALYZE)", "ms", False),
+        ("exec_ms", "  the read's execution time (EXPLAIN ANALYZE)", "ms", False),
+        ("jit_ms", "  of which JIT compilation", "ms", False),
+        ("poll_generic_jit_ms", "  the poll's generic plan (a prepared statement's after "
+         "five runs): JIT compilation", "ms", False),
+        ("walk_jit_ms", "  the backlog walk: JIT compilation", "ms", False),
+    ]
+    for what, label, unit, ratio in idle:
+        for n in o.shapes_idle:
+            rows.append(Row(f"shapes:idle:{n}:{what}", f"Shapes, idle targets: {label}, "
+                            f"{n:,} idle targets per lane", unit))
+        if ratio:
+            rows += [Row(f"shapes:idle:{n}:{what}:ratio", f"  ratio {n:,} idle targets / "
+                         f"{base:,}, same round", "x") for n in o.shapes_idle[1:]]
+    kinds = {"engine": "jobs_engine.enqueue, autocommit",
+             "raw_insert": "raw INSERT, autocommit",
+             "raw_insert_notify": "raw INSERT + SELECT pg_notify, one transaction",
+             "raw_insert_notify_1": "raw INSERT + pg_notify in one statement, autocommit"}
+    web = f"{o.shapes_web_n:,} jobs one per commit"
+    for procs in o.shapes_web_procs:
+        who = f"{procs} process{'es' if procs > 1 else ''}"
+        rows += [Row(f"shapes:web:{kind}:{procs}", f"Shapes, web tier: {who}, {web}, {label}",
+                     "jobs/s") for kind, label in kinds.items()]
+        rows += [
+            Row(f"shapes:web:ratio_notify:{procs}", f"  ratio engine / raw INSERT+NOTIFY "
+                f"(one transaction), {who}", "x"),
+            Row(f"shapes:web:ratio_notify_1:{procs}", f"  ratio engine / raw INSERT+NOTIFY "
+                f"(one statement), {who}", "x"),
+            Row(f"shapes:web:ratio_insert:{procs}", f"  ratio engine / raw INSERT, {who}",
+                "x"),
+        ]
+    for procs in o.shapes_web_procs[1:]:
+        rows += [Row(f"shapes:web:{kind}:{procs}:scale", f"Shapes, web tier: {procs} "
+                     f"processes / {o.shapes_web_procs[0]}, {label}", "x")
+                 for kind, label in kinds.items()]
+    drains = range(1, o.shapes_xmin_drains + 1)
+    for lane, what in (("fast", "fast lane, at-least-once"),
+                       ("long", "long lane, at-least-once")):
+        head = f"Shapes, old snapshot: D1 {what}, 1 worker ({o.shapes_xmin_n:,} jobs)"
+        for series, label in (("none", "no snapshot held"), ("held", "a snapshot held")):
+            rows += [Row(f"shapes:xmin:{lane}:{series}:{i}", f"{head}, {label}, drain {i}",
+                         "jobs/s") for i in drains]
+        rows += [Row(f"shapes:xmin:{lane}:ratio:{i}", f"  ratio held / none, {what}, drain "
+                     f"{i}", "x") for i in drains]
+        statement = "fast poll" if lane == "fast" else "long reserve"
+        for name, where in (("poll_empty", "the empty queue"),
+                            ("poll_rows", f"{o.shapes_poll_n:,} PENDING")):
+            rows += [
+                Row(f"shapes:xmin:{lane}:{series}:{name}", f"Shapes, old snapshot: {statement} "
+                    f"after the drains, {where}, {label} (median of {o.shapes_poll_reps})",
+                    "ms") for series, label in (("none", "no snapshot"),
+                                                ("held", "the snapshot held"))]
+            rows.append(Row(f"shapes:xmin:{lane}:{name}:ratio", f"  ratio held / none, "
+                            f"{statement}, {where}", "x"))
+        for series, label in (("none", "no snapshot"), ("held", "the snapshot held")):
+            rows += [
+                Row(f"shapes:xmin:{lane}:{series}:size_jobs", "Shapes, old snapshot: the jobs "
+                    f"table and its indexes after the {what} drains, {label}", "kB"),
+                Row(f"shapes:xmin:{lane}:{series}:unremovable_jobs", "  dead row versions of "
+                    f"the jobs table a VACUUM then could not remove, {label}", "rows"),
+                Row(f"shapes:xmin:{lane}:{series}:unremovable_partitions", "  the same of the "
+                    f"partitions table, {label}", "rows"),
+            ]
     return rows
 
 
@@ -257,7 +343,7 @@ def tasks_table(results: dict[str, list[float]], o: Options) -> str:
 def fmt(value: float, unit: str) -> str:
     if value != value:  # NaN
         return "n/a"
-    if unit == "jobs/s":
+    if unit in ("jobs/s", "rows", "kB", "cost"):
         return f"{value:,.0f}"
     if unit == "x":  # a ratio far below 1 (the tasks phase's latencies) keeps 2 digits
         return f"{value:.2f}x" if abs(value) >= 0.1 else f"{value:.2g}x"
@@ -265,8 +351,9 @@ def fmt(value: float, unit: str) -> str:
 
 
 def table(results: dict[str, list[float]], o: Options) -> str:
-    lines = ["| metric | ours (median) | min-max | unit | issue bar | docs/benchmarks.md target "
-             "| peers (docs/benchmarks.md) |", "|---|---|---|---|---|---|---|"]
+    lines = ["| metric | ours (median) | min-max | every run | unit | issue bar | "
+             "docs/benchmarks.md target | peers (docs/benchmarks.md) |",
+             "|---|---|---|---|---|---|---|---|"]
     for row in rows_for(o):
         values = results.get(row.key)
         if not values:
@@ -274,11 +361,12 @@ def table(results: dict[str, list[float]], o: Options) -> str:
         median = statistics.median(values)
         spread = (f"{fmt(min(values), row.unit)}-{fmt(max(values), row.unit)}"
                   if len(values) > 1 else "")
+        runs = " / ".join(fmt(value, row.unit) for value in values)  # in round order
         bar = row.bar
         if row.passes is not None:
             bar += " PASS" if row.passes(median) else " **FAIL**"
-        lines.append(f"| {row.label} | {fmt(median, row.unit)} | {spread} | {row.unit} | "
-                     f"{bar} | {row.target} | {row.peers} |")
+        lines.append(f"| {row.label} | {fmt(median, row.unit)} | {spread} | {runs} | "
+                     f"{row.unit} | {bar} | {row.target} | {row.peers} |")
     return "\n".join(lines)
 
 
@@ -374,6 +462,8 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "produce-all-then-flush. The database's part: the same rows drained by one "
             "run_fast_lane into a no-op batch handler taking the Kafka targets' BATCH_SIZE "
             "per send, as with a broker that cost nothing.")
+    if measured("shapes:"):
+        out.append(shape_notes(o))
     for key in [k for k in results if k.endswith(":dead") or k.endswith(":missing")]:
         if any(results[key]):
             out.append(f"- WARNING {key}: {results[key]}")
@@ -385,6 +475,44 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
                    f"{'yes' if index_backed else 'NO — see the plan'}")
     return "\n".join(out)
 
+
+def shape_notes(o: Options) -> str:
+    base = o.shapes_idle[0]
+    return (
+        "- Shapes (bench/shapes.py), each against a reference of the same round, the order "
+        "of the levels and series turned by round. Idle targets: "
+        f"JOBS_BENCH_IDLE_TARGETS=N registers N no-op fast-lane targets bench.idle.fast.<i> "
+        "and N long-lane ones bench.idle.long.<i> in the workers, and the bench process "
+        "registers the same; nothing is enqueued to them. D1 as above (harness.drain, one "
+        "worker spawned on the filled queue); wake-up L as the latency rows, NOTIFY on, "
+        f"{o.shapes_lat_n} jobs at {o.lat_rate:g}/s, for an idle run_fast_lane and an idle "
+        f"run_long_lane; the fast poll: store.jobs_fast_poll with every registered fast "
+        f"target's limit over all partitions, {o.shapes_fast_n:,} PENDING rows of one "
+        "target, after ANALYZE, prepared as in a worker (its owner holds no partition, so "
+        "it marks nothing); plans of the read (store.jobs_fast_due) and of the poll in "
+        f"{shown(o.results_dir / 'explain_shapes_targets.txt')}. Ratios: N idle / {base} "
+        "idle of the same round (in ms rows above 1 is slower). "
+        "Web tier: P processes forked from the bench process (Django's connections closed "
+        "first), each connected and warmed up by one row, released together by a barrier; "
+        f"{o.shapes_web_n:,} jobs in all, each its own commit; rate = jobs / wall time from "
+        "the barrier to the last process joined; no worker runs (the enqueue's NOTIFY is "
+        "sent all the same); a CHECKPOINT before each run; rows checked after it. Raw: "
+        "psycopg, table scale_raw (id bigserial, payload jsonb, created_at timestamptz "
+        "default now()), the same payload. "
+        "Old snapshot: another session runs SET TRANSACTION ISOLATION LEVEL REPEATABLE READ "
+        "and SELECT count(*) of the jobs table before the first fill and keeps its "
+        f"transaction open through {o.shapes_xmin_drains} drains of {o.shapes_xmin_n:,} "
+        "jobs (each: rows committed in one transaction, ANALYZE, one worker spawned, clock "
+        "as D1), nothing truncated or vacuumed between them; the same without it; the "
+        "fast lane on bench.noop_at_least_once, the long lane on "
+        "bench.long_noop_at_least_once. After the last drain, the snapshot still held: "
+        "the lane's statement timed on the empty queue and on "
+        f"{o.shapes_poll_n:,} PENDING rows (after ANALYZE): the fast poll as above; the "
+        "long reserve as an idle worker's (store.jobs_long_reserve, every registered long "
+        "target, LONG_BATCH rows), prepared, each run in a transaction rolled back. "
+        "Sizes: pg_total_relation_size after the drains; then, the snapshot still held, a "
+        "VACUUM of the table and its n_dead_tup: the dead row versions it could not remove. "
+        "The engine's tables are vacuumed after a held series.")
 
 
 def write(output: Path, text: str, info: str, o: Options,

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 
 RESULTS = ROOT / "bench" / "results"
 PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka", "policies", "flows")
-# On request only (tasks: bench/requirements-tasks.txt; memory: a few minutes, Linux).
-EXTRA_PHASES = ("profile", "tasks", "memory")
+# On request only (tasks: bench/requirements-tasks.txt; memory: a few minutes, Linux;
+# shapes: idle targets, a web tier, an old snapshot, ~5 minutes a round, PostgreSQL).
+EXTRA_PHASES = ("profile", "tasks", "memory", "shapes")
 KAFKA_DIR_DEFAULT = "<tmp>/jobs-engine-kafka-bench"
 
 
@@ -90,6 +91,26 @@ def parser() -> argparse.ArgumentParser:
                    "in all before the second")
     p.add_argument("--policy-done-n", type=int, default=1_000_000,
                    help="completed jobs kept while the policies phase times a poll")
+    p.add_argument("--shapes-idle", type=counts, default=(0, 50, 500), help="shapes phase: "
+                   "idle targets registered per lane, comma list; the first is the ratios' base")
+    p.add_argument("--shapes-fast-n", type=int, default=20_000, help="shapes phase: jobs of "
+                   "the fast-lane drain beside idle targets (and the poll's backlog)")
+    p.add_argument("--shapes-long-n", type=int, default=10_000, help="shapes phase: jobs of "
+                   "the long-lane drain beside idle targets")
+    p.add_argument("--shapes-lat-n", type=int, default=100, help="shapes phase: wake-up "
+                   "latency samples per lane beside idle targets (at --lat-rate)")
+    p.add_argument("--shapes-web-procs", type=counts, default=(1, 16, 64), help="shapes "
+                   "phase: processes of the web tier, comma list; the first is the base")
+    p.add_argument("--shapes-web-n", type=int, default=4_800, help="shapes phase: jobs the "
+                   "web tier enqueues in all, one per commit, split over its processes")
+    p.add_argument("--shapes-xmin-n", type=int, default=20_000, help="shapes phase: jobs of "
+                   "each drain beside an old snapshot")
+    p.add_argument("--shapes-xmin-drains", type=int, default=3, help="shapes phase: drains "
+                   "in a row beside an old snapshot (nothing truncated between them)")
+    p.add_argument("--shapes-poll-n", type=int, default=1_000, help="shapes phase: rows of "
+                   "the queue the poll and the reserve are timed on after those drains")
+    p.add_argument("--shapes-poll-reps", type=int, default=20, help="shapes phase: runs of "
+                   "each timed poll (median)")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
                    help="where every file of the run goes: the table (unless --output), the "
                         "poll plans, the profiles, the workers' logs (default bench/results; "
@@ -97,6 +118,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, default=None,
                    help="the table (the JSON beside it); default <results-dir>/latest.md")
     return p
+
+
+def counts(text: str) -> tuple[int, ...]:
+    """A comma list of counts (``--shapes-idle 0,50,500``)."""
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a comma list of counts: {text!r}") from exc
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"not a comma list of counts: {text!r}")
+    return values
 
 
 def phases_of(p: argparse.ArgumentParser, only: str) -> list[str]:
@@ -140,7 +172,12 @@ def options(args: argparse.Namespace) -> Options:
                    tasks_lat_pause_s=args.tasks_lat_pause_ms / 1000,
                    memory_small=args.memory_small, memory_big=args.memory_big,
                    long_wait_n=args.long_wait_n, lat_sparse_n=args.lat_sparse_n,
-                   lat_sparse_rate=args.lat_sparse_rate, **extra)
+                   lat_sparse_rate=args.lat_sparse_rate, shapes_idle=args.shapes_idle,
+                   shapes_fast_n=args.shapes_fast_n, shapes_long_n=args.shapes_long_n,
+                   shapes_lat_n=args.shapes_lat_n, shapes_web_procs=args.shapes_web_procs,
+                   shapes_web_n=args.shapes_web_n, shapes_xmin_n=args.shapes_xmin_n,
+                   shapes_xmin_drains=args.shapes_xmin_drains, shapes_poll_n=args.shapes_poll_n,
+                   shapes_poll_reps=args.shapes_poll_reps, **extra)
 
 
 def prepare() -> None:
@@ -159,8 +196,10 @@ def run_rounds(phases: list[str], o: Options, rounds: int) -> dict[str, list[flo
     """Every phase once per round, interleaved; each metric's values over the rounds. Workers
     and the broker are stopped and the queue emptied whatever happens."""
     from bench import harness
+    from bench.shapes import phase_shapes
     from bench.workloads import PHASE_FUNCS
 
+    funcs = {**PHASE_FUNCS, "shapes": phase_shapes}
     results: dict[str, list[float]] = {}
     try:
         for r in range(rounds):
@@ -168,7 +207,7 @@ def run_rounds(phases: list[str], o: Options, rounds: int) -> dict[str, list[flo
             for name in phases:
                 t = time.perf_counter()
                 print(f"  {name} ...", flush=True)
-                for key, value in PHASE_FUNCS[name](o).items():
+                for key, value in funcs[name](o).items():
                     results.setdefault(key, []).append(value)
                 print(f"  {name} done in {time.perf_counter() - t:.1f}s", flush=True)
     finally:

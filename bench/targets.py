@@ -4,6 +4,11 @@ The latency handler appends ``<dedupe_key> <time.time()>`` to the file named by 
 ``BENCH_LAT_FILE`` environment variable first thing, so the driver can pair it with the
 moment its enqueue call returned.
 
+Idle targets (the ``shapes`` phase): ``JOBS_BENCH_IDLE_TARGETS=N`` in a process's environment
+registers N no-op fast-lane targets ``bench.idle.fast.<i>`` and N no-op long-lane targets
+``bench.idle.long.<i>`` that never receive a job (``bench/apps.py`` reads it; the driver
+calls ``register_idle`` itself, so the poll it EXPLAINs is the workers').
+
 The Kafka targets are the real ``kafka_target`` ones: worker processes get them from the
 environment (``kafka_env``: ``JOBS_KAFKA_BOOTSTRAP_SERVERS``/``JOBS_KAFKA_EXTRA_TOPICS``
 override ``JOBS["KAFKA"]``), the driver registers the same ones (``register_kafka``).
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from jobs_engine import flows, registry
 from jobs_engine.job import Job
@@ -66,6 +71,32 @@ KAFKA_KEEP_NONE_TOPIC = "bench.kafka-alo-keep-none"
 # every registered target is one more window in every other phase's polls.
 KAFKA_DATABASE_PART = "bench.kafka_database_part"
 KAFKA_PHASE_ENV = "BENCH_KAFKA_PHASE"
+
+
+# Idle targets: registered, never enqueued to (a project with many targets that mostly sit).
+IDLE_TARGETS_ENV = "JOBS_BENCH_IDLE_TARGETS"
+IDLE_PREFIX = "bench.idle."
+IDLE_FAST = IDLE_PREFIX + "fast.{}"
+IDLE_LONG = IDLE_PREFIX + "long.{}"
+
+
+def idle_count(environ: Mapping[str, str] | None = None) -> int:
+    """The idle targets a process registers: ``JOBS_BENCH_IDLE_TARGETS`` (default 0)."""
+    raw = (os.environ if environ is None else environ).get(IDLE_TARGETS_ENV, "").strip()
+    return int(raw) if raw else 0
+
+
+def register_idle(count: int) -> None:
+    """Exactly ``count`` idle fast-lane and ``count`` idle long-lane no-op targets registered
+    (the ones past ``count`` are dropped, so the driver can go from 500 back to 0)."""
+    known = {t.name for t in registry.all_targets()}
+    for name in known:
+        if name.startswith(IDLE_PREFIX) and int(name.rsplit(".", 1)[1]) >= count:
+            registry.unregister_target(name)
+    for i in range(count):
+        for pattern, lane in ((IDLE_FAST, Lane.FAST), (IDLE_LONG, Lane.LONG)):
+            if pattern.format(i) not in known:
+                registry.register_target(pattern.format(i), noop, lane=lane)
 
 
 def kafka_topic(kind: str) -> str:
