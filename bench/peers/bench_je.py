@@ -25,17 +25,24 @@ targets; FAST_BATCH 100, LONG_BATCH 10, PARTITIONS 64, NOTIFY on), log level WAR
         OPTIONS prepare_threshold): an extra-setting row. Django leaves them off by default
         for transaction poolers; then the enqueue's insert is bound on the server but not
         prepared.
+  Xmin  the old-snapshot shape (``run.sh xmin``, ``xmin.py``): bench/shapes.py's
+        ``snapshot_series`` on the fast lane's and the long lane's at-least-once no-op
+        targets, three drains of D1's size in a row with and without another session
+        holding an old snapshot (the order by XMIN_ROUND, as the peers' side); rows of the
+        metric ``xmin``, not part of the default run
 
-Usage (the checkout's venv python): bench_je.py [E100 E1 Eprepared D1 D1batch L]
+Usage (the checkout's venv python): bench_je.py [E100 E1 Eprepared D1 D1batch L Xmin]
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -93,6 +100,31 @@ def prepared_statements_on() -> Iterator[None]:
     finally:
         connection.close()
         connection.settings_dict["OPTIONS"] = options
+
+
+def xmin(o: Any) -> None:
+    """The old-snapshot series of both lanes (``xmin.py``'s definitions), one row a drain."""
+    from xmin import DRAINS, METRIC, series_order
+
+    from bench import shapes
+
+    xo = dataclasses.replace(o, shapes_xmin_n=D1_N, shapes_xmin_drains=DRAINS,
+                             shapes_poll_reps=5)
+    round_number = int(os.environ.get("XMIN_ROUND", "1"))
+    for lane, system in (("fast", FAST_AT_LEAST_ONCE), ("long", LONG_AT_LEAST_ONCE)):
+        for held in series_order(round_number):
+            series = "held" if held else "none"
+
+            def row(i: int, d: dict[str, float], system: str = system,
+                    series: str = series, lane: str = lane) -> None:
+                record(system, METRIC, d["rate"], family=OURS, series=series, drain=i,
+                       xmin_round=round_number, n=D1_N, startup_s=d["startup_s"],
+                       drain_s=d["drain_s"], dead=d["dead"], settings="defaults",
+                       concurrency=f"1 run_{lane}_lane process")
+
+            got = shapes.snapshot_series(xo, lane, held, label="peers", on_drain=row)
+            print(f"{system}, old snapshot {series}: " + ", ".join(
+                f"{rate:,.0f}" for rate in got["rates"]) + " jobs/s", flush=True)
 
 
 def main(which: list[str]) -> None:
@@ -154,6 +186,8 @@ def main(which: list[str]) -> None:
                            d1_incl_startup=d["rate_incl_startup"], startup_s=d["startup_s"],
                            drain_s=d["drain_s"], dead=d["dead"], n=o.d1_n,
                            concurrency=one_worker.format(command))
+            elif w == "Xmin":
+                xmin(o)
             elif w == "L":
                 for system, lane in ((FAST_AT_MOST_ONCE, "fast"), (LONG, "long")):
                     p50, p99, missing = workloads.latency_run(o, "notify", lane)

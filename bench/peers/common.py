@@ -140,11 +140,11 @@ def run_json(cmd: list[str], env: dict[str, str] | None = None,
 def drain(system: str, family: str, proc_factory: Callable[[], subprocess.Popen[bytes]],
           remaining: Callable[[], int], exists: Callable[[], bool], n: int, *,
           defaults: bool = True, timeout: float = 600, extra: dict[str, Any] | None = None,
-          post: Callable[[], Any] | None = None) -> None:
+          post: Callable[[], Any] | None = None, metric: str = "D1") -> None:
     """D1: ``n`` rows already committed; spawn the worker; clock from the first observed
     progress to an empty queue. Sampling as the jobs engine's bench (harness.clock_drain):
     a row count until the first progress (its count is the rate's numerator), then a cheap
-    EXISTS probe, every 20 ms."""
+    EXISTS probe, every 20 ms. The row is recorded as ``metric`` (``xmin.py``: its own)."""
     t_spawn = time.perf_counter()
     proc = proc_factory()
     t_first: float | None = None
@@ -169,7 +169,7 @@ def drain(system: str, family: str, proc_factory: Callable[[], subprocess.Popen[
     if post:  # e.g. the final job states, read after the worker has exited
         extra = {**(extra or {}), "final": post()}
     rate = rem_first / (t_end - t_first) if t_end > t_first else float("nan")
-    record(system, "D1", rate, family=family, defaults=defaults,
+    record(system, metric, rate, family=family, defaults=defaults,
            d1_incl_startup=n / (t_end - t_spawn), startup_s=t_first - t_spawn,
            drain_s=t_end - t_first, n=n, **(extra or {}))
 
@@ -262,8 +262,11 @@ def versions() -> dict[str, str]:
         elif parts and parts[0].endswith(":") and len(parts) > 1:
             river["go"] = parts[1]
     je_python = os.environ.get("JE_PYTHON") or os.path.join(REPO, ".venv", "bin", "python")
-    commit = _out(["git", "rev-parse", "--short", "HEAD"], cwd=REPO)
-    dirty = _out(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
+    # JE_REVISION names what ran when the checkout is a copy outside git (git archive).
+    commit = os.environ.get("JE_REVISION") or _out(["git", "rev-parse", "--short", "HEAD"],
+                                                    cwd=REPO)
+    dirty = "" if os.environ.get("JE_REVISION") else _out(
+        ["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO)
     with psycopg.connect(dsn("postgres")) as conn:
         server = conn.execute("SHOW server_version").fetchone()
     return {

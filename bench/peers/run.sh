@@ -13,6 +13,11 @@
 #                  the table goes beside it as .md
 #   SYSTEMS        a subset, e.g. "je river" (default: baseline je river graphile pgqueuer)
 #   KEEP_PG=1      keep the bench's PostgreSQL running if this run started it
+#
+#   bash bench/peers/run.sh xmin       # the old-snapshot shape instead (xmin.py): per round,
+#                                      # each system's three 20,000-job drains with and
+#                                      # without another session holding an old snapshot
+#   (SYSTEMS default there: je river pgqueuer graphile; results xmin-<UTC time>.jsonl)
 # Needs setup.sh once.
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -26,7 +31,13 @@ if ! peers_pg status >/dev/null 2>&1 && [[ "${KEEP_PG:-0}" != 1 ]]; then
 fi
 peers_pg start >/dev/null || { echo "run.sh: the bench's PostgreSQL did not start" >&2; exit 1; }
 
-RES="$(realpath -m "${BENCH_RESULTS:-$PEERS_WORK/results/peers-$(date -u +%Y%m%dT%H%M%SZ).jsonl}")"
+MODE="${1:-peers}"
+case "$MODE" in
+    peers) DEFAULT_SYSTEMS="baseline je river graphile pgqueuer" ;;
+    xmin) DEFAULT_SYSTEMS="je river pgqueuer graphile" ;;
+    *) echo "run.sh: unknown mode $MODE (none, or xmin)" >&2; exit 2 ;;
+esac
+RES="$(realpath -m "${BENCH_RESULTS:-$PEERS_WORK/results/$MODE-$(date -u +%Y%m%dT%H%M%SZ).jsonl}")"
 mkdir -p "$(dirname "$RES")"
 export BENCH_RESULTS="$RES"
 ROUNDS="${ROUNDS:-3}"
@@ -36,7 +47,12 @@ sys_je()       { "$JE_PYTHON" bench_je.py E100 E1 Eprepared D1 D1batch L; }
 sys_river()    { "$PEERS_PY" run_peer.py river E100 E100fast E1 D1 D1c1 D1bench L; }
 sys_graphile() { "$PEERS_PY" run_peer.py graphile E100 E1 D1 L; }
 sys_pgqueuer() { "$PEERS_PY" run_peer.py pgqueuer E100 E1 D1 L; }
-read -ra ORDER <<<"${SYSTEMS:-baseline je river graphile pgqueuer}"
+xmin_je()       { "$JE_PYTHON" bench_je.py Xmin; }
+xmin_river()    { "$PEERS_PY" xmin.py river; }
+xmin_pgqueuer() { "$PEERS_PY" xmin.py pgqueuer; }
+xmin_graphile() { "$PEERS_PY" xmin.py graphile; }
+[[ "$MODE" == xmin ]] && RUN=xmin || RUN=sys
+read -ra ORDER <<<"${SYSTEMS:-$DEFAULT_SYSTEMS}"
 
 started=$(date +%s)
 "$PEERS_PY" common.py versions || echo "run.sh: could not record the versions" >&2
@@ -48,7 +64,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
         s=${ORDER[$(( (k + round - 1) % n ))]}
         echo "--- $s $(date -u +%T)"
         peers_psql -d postgres -c CHECKPOINT
-        if ! "sys_$s"; then
+        if ! XMIN_ROUND=$round "${RUN}_$s"; then
             echo "{\"error\": \"$s failed in round $round\", \"t\": $(date +%s)}" >> "$RES"
             echo "!!! $s failed in round $round"
         fi
@@ -56,7 +72,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
 done
 echo "=== done $(date -u +%T), $(( $(date +%s) - started )) s"
 echo
-"$PEERS_PY" summarize.py "$RES" | tee "${RES%.jsonl}.md"
+if [[ "$MODE" == xmin ]]; then
+    "$PEERS_PY" xmin.py summary "$RES" | tee "${RES%.jsonl}.md"
+else
+    "$PEERS_PY" summarize.py "$RES" | tee "${RES%.jsonl}.md"
+fi
 echo
 echo "results: $RES"
 echo "table:   ${RES%.jsonl}.md"
