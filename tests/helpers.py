@@ -124,3 +124,18 @@ def drain_long_lane(until: Callable[[], Any], rounds: int = 30) -> None:
             return
         lane.run_once(at)
         at += timedelta(minutes=1)
+
+
+# What the in-flight marks' statements start with (``store.inflight_mark_if_leased``, the
+# poll's read that marks, ``store.inflight_clear``).
+MARK_SQL = "INSERT INTO jobs_engine_inflight"
+CLEAR_SQL = "DELETE FROM jobs_engine_inflight WHERE token"
+
+
+def in_flight(partition: int | None = None) -> list[int]:
+    """The ids marked in flight, sorted: of every partition, or of ``partition``."""
+    from jobs_engine.models import InflightMark
+
+    marks = InflightMark.objects.all() if partition is None else \
+        InflightMark.objects.filter(partition=partition)
+    return sorted(int(job_id) for mark in marks for job_id in mark.ids)

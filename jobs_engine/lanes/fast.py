@@ -209,7 +209,7 @@ class FastLane:
                 with transaction.atomic():
                     written = outcomes.write(guard, poll_out.results, now, self.settings,
                                              statements)
-                    store.partitions_clear_inflight(poll_out.token)
+                    store.inflight_clear(poll_out.token)
         except Exception as exc:
             if is_database_fault(exc):
                 self._keep_unwritten(poll_out)
@@ -232,7 +232,6 @@ class FastLane:
             except UnknownTarget:
                 targets[name] = None
         token = poll_out.token
-        inflight = {partition: list(ids) for partition, ids in poll.marked.items()}
         sends = sends_of(jobs, targets, self.settings.FAST_MARK_ROWS)
         if poll.marked_target is not None:  # its first send was marked by the read: first
             marked = next(i for i, send in enumerate(sends)
@@ -246,7 +245,7 @@ class FastLane:
                 send = ([job for job in send if job.partition in poll.marked]
                         + self._mark_inflight([job for job in send
                                                if job.partition not in poll.marked],
-                                              inflight, token, clock))
+                                              token, clock))
             else:
                 if send[0].target in poll_out.paused:
                     continue  # the rest of a paused target's rows wait; others go on
@@ -256,15 +255,15 @@ class FastLane:
                 trusted = {p for p in {job.partition for job in send}
                            if self.leases.trusted(p)}
                 send = self._mark_inflight([job for job in send if job.partition in trusted],
-                                           inflight, token, clock)
+                                           token, clock)
             if not send:
                 continue
             sent = self._send(targets[send[0].target], send, clock)
             poll_out.results += sent
             poll_out.paused |= {r.job.target for r in sent if r.outcome.pause_target}
 
-    def _mark_inflight(self, send: list[Job], inflight: dict[int, list[int]],
-                       token: str, clock: Callable[[], datetime]) -> list[Job]:
+    def _mark_inflight(self, send: list[Job], token: str, clock: Callable[[], datetime]
+                       ) -> list[Job]:
         """Mark ``send`` in flight in one statement; returns the jobs to hand.
 
         Rows of a partition whose lease is lost are dropped with the partition; rows
@@ -274,19 +273,11 @@ class FastLane:
         for _ in range(2):
             if not send:
                 break
-            wanted: dict[int, list[int]] = {}
-            for job in send:
-                ids = wanted.get(job.partition)
-                if ids is None:  # this poll's earlier marks of the partition, then these
-                    ids = wanted[job.partition] = list(inflight.get(job.partition, ()))
-                ids.append(job.id)  # type: ignore[arg-type]
-            marked = store.partitions_mark_inflight_if_leased(
-                self.worker_id, clock(), wanted, token,
+            marked = store.inflight_mark_if_leased(
+                self.worker_id, clock(), token,
                 [(job.partition, job.id, job.attempts) for job in send],  # type: ignore[misc]
                 flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE and all(
                     job.delivery_mode == _AT_LEAST_ONCE for job in send))
-            for partition in marked:
-                inflight[partition] = wanted[partition]
             handed += [job for job in send if job.partition in marked]
             refused = [job for job in send if job.partition not in marked]
             if not refused:

@@ -135,15 +135,11 @@ class PartitionLeases:
             taken = store.partition_take_free(self.worker_id, now, settings.PARTITION_LEASE_S)
             if taken is None:
                 break
-            if taken.inflight_token in self.own_unwritten():
-                # This worker's own mark, left by a database outage longer than the lease:
-                # the fast lane writes what happened to those rows, and clears it.
-                logger.info("partition %s taken back with this worker's own in-flight mark",
-                            taken.partition)
-            else:
-                closed = store.inflight_close_after_takeover(taken, now)
-                outcomes.announce_closed(closed)
-                counts.closed += len(closed)
+            # This worker's own marks, left by a database outage longer than the lease, are
+            # not judged: the fast lane writes what happened to those rows, and clears them.
+            closed = store.inflight_close_after_takeover(taken, now, self.own_unwritten())
+            outcomes.announce_closed(closed)
+            counts.closed += len(closed)
             counts.taken.append(taken.partition)
             self._trust([taken.partition], started)
         counts.held = len(self.held())

@@ -18,6 +18,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -495,9 +496,13 @@ class PartitionAdmin(ManagedAdmin):
     def owner_live(self, obj: Partition) -> bool:
         return bool(obj.owner and obj.lease_until and obj.lease_until > timezone.now())
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).annotate(
+            rows_in_flight=RawSQL(store.inflight_rows_sql(), []))
+
     @admin.display(description="in flight")
     def in_flight(self, obj: Partition) -> int:
-        return len(obj.inflight_ids or [])
+        return int(obj.rows_in_flight)  # type: ignore[attr-defined]  # annotated above
 
 
 @admin.register(Worker)

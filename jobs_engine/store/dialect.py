@@ -364,6 +364,18 @@ def skip_locked() -> str:
     return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
 
 
+def for_share() -> str:
+    """A row lock that an update of the row waits for, and that waits for one (SQLite has
+    one writer)."""
+    return " FOR SHARE" if is_postgres() else ""
+
+
+def json_array_length(array_sql: str) -> str:
+    """SQL for the number of items of the JSON array ``array_sql``."""
+    return f"jsonb_array_length({array_sql})" if is_postgres() else \
+        f"json_array_length({array_sql})"
+
+
 def json_array_has(array_column: str, value_column: str) -> str:
     """SQL true when the JSON array in ``array_column`` holds ``value_column``."""
     if is_postgres():

@@ -7,7 +7,7 @@ racing for a partition or a probe, one statement matches and the other matches n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -24,6 +24,7 @@ from jobs_engine.store.dialect import (
 )
 from jobs_engine.store.queue import (
     CLOSED_COLUMNS,
+    INFLIGHT,
     JOBS,
     PARTITIONS,
     PAUSES,
@@ -174,28 +175,40 @@ def partitions_release_owned(owner: str) -> int:
 # -- takeover of a partition's in-flight mark -----------------------------------------------
 
 
-def inflight_close_after_takeover(taken: TakenPartition, now: datetime) -> list[ClosedJob]:
-    """Judge the rows the previous owner had in flight.
+def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
+                                  own_tokens: Collection[str] = ()) -> list[ClosedJob]:
+    """Judge the rows the previous owners left in flight in the partition just taken (its
+    ``InflightMark`` rows, removed here, and the mark a worker of an earlier release kept
+    on the partition's row).
 
-    A row whose outcome was written under that token is left alone. At-most-once rows
-    go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent again.
-    The DEAD rows keep the previous holder's token (``Guard``): if that worker is alive
-    after all (a database outage, a stall), its outcome write still lands.
+    A row whose outcome was written under its mark's token is left alone. At-most-once
+    rows go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent
+    again. The DEAD rows keep their holder's token (``Guard``): if that worker is alive
+    after all (a database outage, a stall), its outcome write still lands. Marks under
+    ``own_tokens`` are this worker's own, whose outcomes it has still to write: kept.
     """
+    own, own_params = in_("token", list(own_tokens))
+    marks: list[tuple[str, list[int]]] = [
+        (token, [int(i) for i in read_json(ids) or []]) for token, ids in fetch(
+            f"DELETE FROM {INFLIGHT} WHERE partition = %s AND NOT ({own}) "
+            "RETURNING token, ids", [taken.partition, *own_params])]
+    if taken.inflight_token and taken.inflight_token not in own_tokens:
+        marks.append((taken.inflight_token, taken.inflight_ids))
     closed: list[ClosedJob] = []
-    if taken.inflight_ids:
-        clause, params = in_("id", taken.inflight_ids)
-        rows = fetch(
+    for token, ids in marks:
+        if not ids:
+            continue
+        clause, params = in_("id", ids)
+        closed += closed_jobs(fetch(
             f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
-            f"claim_token = %s WHERE {clause} AND status = %s AND delivery_mode = %s "
-            "AND (outcome_token IS NULL OR outcome_token <> %s) "
+            f"claim_token = %s WHERE {clause} AND partition = %s AND status = %s "
+            "AND delivery_mode = %s AND (outcome_token IS NULL OR outcome_token <> %s) "
             f"RETURNING {CLOSED_COLUMNS}",
-            [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now),
-             taken.inflight_token, *params, *TAKEOVER_PRESUMED_DEAD.source_values,
-             DeliveryMode.AT_MOST_ONCE.value, taken.inflight_token or ""],
-        )
-        closed = closed_jobs(rows, TAKEOVER_REASON)
-    if taken.inflight_token:
+            [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now), token,
+             *params, taken.partition, *TAKEOVER_PRESUMED_DEAD.source_values,
+             DeliveryMode.AT_MOST_ONCE.value, token],
+        ), TAKEOVER_REASON)
+    if taken.inflight_token and taken.inflight_token not in own_tokens:
         execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
                 "WHERE partition = %s AND inflight_token = %s",
                 ["[]", taken.partition, taken.inflight_token])

@@ -23,6 +23,7 @@ from jobs_engine.store.dialect import (
     fetch,
     in_,
     json_array_has,
+    json_array_length,
     read_dt,
     skip_locked,
     writable_ctes,
@@ -33,6 +34,7 @@ from jobs_engine.store.queue import (
     FLOW_STEP_KEY_PREFIX,
     FLOW_STEPS,
     FLOWS,
+    INFLIGHT,
     JOB_STAT_SHARDS,
     JOB_STATS,
     JOBS,
@@ -60,6 +62,7 @@ __all__ = [
     "done_targets",
     "flows_delete",
     "flows_finished_before",
+    "inflight_rows_sql",
     "job_delete_if_dead",
     "job_delete_if_not_started",
     "job_info_row",
@@ -141,9 +144,20 @@ class JobState:
 
 
 def _in_flight() -> str:
-    """SQL true while the ``JOBS`` row being tested sits in its partition's in-flight mark."""
-    return (f"EXISTS (SELECT 1 FROM {PARTITIONS} p WHERE p.partition = {JOBS}.partition "
-            f"AND {json_array_has('p.inflight_ids', f'{JOBS}.id')})")
+    """SQL true while the ``JOBS`` row being tested is marked in flight (an
+    ``InflightMark`` of its partition, or its partition's mark of an earlier release)."""
+    return (f"(EXISTS (SELECT 1 FROM {INFLIGHT} m WHERE m.partition = {JOBS}.partition "
+            f"AND {json_array_has('m.ids', f'{JOBS}.id')}) "
+            f"OR EXISTS (SELECT 1 FROM {PARTITIONS} p WHERE p.partition = {JOBS}.partition "
+            f"AND {json_array_has('p.inflight_ids', f'{JOBS}.id')}))")
+
+
+def inflight_rows_sql() -> str:
+    """SQL for the rows in flight in the partition of the ``PARTITIONS`` row being read
+    (the admin's partitions page)."""
+    return (f"(SELECT COALESCE(SUM({json_array_length('m.ids')}), 0) FROM {INFLIGHT} m "
+            f"WHERE m.partition = {PARTITIONS}.partition) "
+            f"+ {json_array_length(f'{PARTITIONS}.inflight_ids')}")
 
 
 def job_retry_if_dead(job_id: int, now: datetime) -> bool:

@@ -29,6 +29,7 @@ from jobs_engine.models import (
     CompletedJob,
     Flow,
     FlowStep,
+    InflightMark,
     JobStat,
     JobStatShard,
     Partition,
@@ -45,6 +46,7 @@ from jobs_engine.store.dialect import (
     execute,
     fetch,
     fetch_insert,
+    for_share,
     greatest,
     in_,
     is_postgres,
@@ -76,6 +78,7 @@ __all__ = [
     "FLOWS",
     "FLOW_STEPS",
     "FLOW_STEP_KEY_PREFIX",
+    "INFLIGHT",
     "INSERT_PAYLOADS_FUNCTION",
     "INSERT_ROWS_FUNCTION",
     "JOBS",
@@ -104,6 +107,8 @@ __all__ = [
     "closed_jobs",
     "cut_error",
     "flow_steps_queued",
+    "inflight_clear",
+    "inflight_mark_if_leased",
     "job_close_dead",
     "job_release_unchanged",
     "job_retry_later",
@@ -122,13 +127,12 @@ __all__ = [
     "jobs_long_rescue_expired",
     "jobs_long_reserve",
     "jobs_still_pending",
-    "partitions_clear_inflight",
-    "partitions_mark_inflight_if_leased",
     "version_counter_next",
 ]
 
 JOBS = JobTable._meta.db_table
 PARTITIONS = Partition._meta.db_table
+INFLIGHT = InflightMark._meta.db_table
 WORKERS = Worker._meta.db_table
 PAUSES = TargetPause._meta.db_table
 COUNTERS = VersionCounter._meta.db_table
@@ -404,40 +408,48 @@ def _flush_lazily(wanted: bool, unless: str | None = None) -> str:
 # -- in-flight marks ----------------------------------------------------------------------
 
 
-def partitions_mark_inflight_if_leased(
-    owner: str, now: datetime, inflight: Mapping[int, Sequence[int]], token: str,
-    sending: Sequence[tuple[int, int, int]], *, flush_lazily: bool = False,
-) -> set[int]:
-    """Record rows about to be handed to a target in their partitions' in-flight marks,
-    under the poll's token, in one statement for every partition of the send.
+def _leased(owner_param: str = "%s", partitions: str = "mark") -> str:
+    """The partitions of ``partitions`` whose live lease ``owner`` holds, locked until the
+    statement's commit: a takeover's update of the partition waits for a mark, and a mark
+    made after a takeover finds the partition another's (a mark is never left unjudged)."""
+    return (f"SELECT partition FROM {PARTITIONS} WHERE owner = {owner_param} "
+            f"AND lease_until > %s AND partition IN (SELECT partition FROM {partitions})"
+            f"{for_share()}")
 
-    ``inflight`` maps each partition of the send to every row handed in this poll so far
-    plus the rows about to go; ``sending`` is those rows as (partition, id, attempts).
-    A partition is marked only while ``owner`` holds a live lease on it and every row of
-    it in ``sending`` is still PENDING as read (a takeover or an admin may have closed
-    one). Returns the partitions marked; for the others send nothing, and
-    ``jobs_still_pending`` tells a lost lease from a closed row. ``flush_lazily`` (the
-    rows are at least once): the commit does not wait for its flush (``_flush_lazily``).
+
+def inflight_mark_if_leased(owner: str, now: datetime, token: str,
+                            sending: Sequence[tuple[int, int, int]], *,
+                            flush_lazily: bool = False) -> set[int]:
+    """Record rows about to be handed to a target as in flight (``InflightMark``: a row per
+    partition), under the poll's token, in one statement for every partition of the send.
+
+    ``sending`` is the rows as (partition, id, attempts). A partition's rows are marked
+    only while ``owner`` holds a live lease on it and every row of it in ``sending`` is
+    still PENDING as read (a takeover or an admin may have closed one). Returns the
+    partitions marked; for the others send nothing, and ``jobs_still_pending`` tells a
+    lost lease from a closed row. ``flush_lazily`` (the rows are at least once): the
+    commit does not wait for its flush (``_flush_lazily``).
     """
-    counts: dict[int, int] = {}
-    for partition, _, _ in sending:
-        counts[partition] = counts.get(partition, 0) + 1
-    marks, mark_params = table([(p, json_param(list(inflight[p])), n)
-                                for p, n in counts.items()], ("int", "jsonb", "int"),
-                               arrays_from=1, as_json=True)
+    ids_of: dict[int, list[int]] = {}
+    for partition, job_id, _ in sending:
+        ids_of.setdefault(partition, []).append(job_id)
+    marks, mark_params = table([(p, json_param(ids), len(ids)) for p, ids in ids_of.items()],
+                               ("int", "jsonb", "int"), arrays_from=1, as_json=True)
     sent, sent_params = _id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
     # One text for any send (arrays), prepared: an at-most-once per-row target runs it once
     # a row, and the server planned it at each call.
     rows = fetch(
         f"WITH mark(partition, ids, n) AS ({marks}), "
         f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
-        f"WHERE status = %s AND {sent} GROUP BY partition) "
-        f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb('mark.ids')}, inflight_token = %s "
-        "FROM mark JOIN live ON live.partition = mark.partition AND live.n = mark.n "
-        f"WHERE {PARTITIONS}.partition = mark.partition AND {PARTITIONS}.owner = %s "
-        f"AND {PARTITIONS}.lease_until > %s RETURNING {PARTITIONS}.partition"
+        f"WHERE status = %s AND {sent} GROUP BY partition), "
+        f"leased AS ({_leased()}) "
+        f"INSERT INTO {INFLIGHT} (token, partition, owner, ids, marked_at) "
+        f"SELECT %s, mark.partition, %s, {jsonb('mark.ids')}, %s FROM mark "
+        "JOIN live ON live.partition = mark.partition AND live.n = mark.n "
+        "WHERE mark.partition IN (SELECT partition FROM leased) RETURNING partition"
         + _flush_lazily(flush_lazily),
-        [*mark_params, _PENDING, *sent_params, token, owner, dt(now)], prepare=True,
+        [*mark_params, _PENDING, *sent_params, owner, dt(now), token, owner, dt(now)],
+        prepare=True,
     )
     return {row[0] for row in rows}
 
@@ -450,12 +462,11 @@ def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
 
 
 def _clear_inflight(token: str) -> tuple[str, list[Any]]:
-    return (f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
-            "WHERE inflight_token = %s", ["[]", token])
+    return f"DELETE FROM {INFLIGHT} WHERE token = %s", [token]
 
 
-def partitions_clear_inflight(token: str) -> None:
-    """Clear the in-flight marks a poll made (its outcomes are written)."""
+def inflight_clear(token: str) -> None:
+    """Remove the in-flight marks a poll made (its outcomes are written)."""
     execute(*_clear_inflight(token))
 
 
@@ -605,7 +616,7 @@ def jobs_fast_poll(
     ``per_row`` (an at-most-once per-row handler) its first ``per_row_send`` rows in poll
     order. They are marked unless that target's pause ran out (its probe row may be given
     back), and the lane hands them before any other send. Marks are those of
-    ``partitions_mark_inflight_if_leased`` (poll token, live lease of ``owner``); a
+    ``inflight_mark_if_leased`` (poll token, live lease of ``owner``); a
     partition whose lease is gone is not marked.
     With writable CTEs (PostgreSQL) one statement reads and marks, so a marked row is
     PENDING as read and no mark statement of its own (the largest fixed cost of a send,
@@ -627,8 +638,8 @@ def jobs_fast_poll(
         wanted: dict[int, list[int]] = {}
         for job in send:
             wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
-        marked = partitions_mark_inflight_if_leased(
-            owner, now, wanted, token,
+        marked = inflight_mark_if_leased(
+            owner, now, token,
             [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
         return FastPoll(due.jobs, due.probing, first,
                         {p: ids for p, ids in wanted.items() if p in marked})
@@ -645,15 +656,15 @@ def jobs_fast_poll(
         "first_send AS MATERIALIZED (SELECT partition, id, delivery_mode FROM due "
         "WHERE target = (SELECT min(target) FROM due) AND NOT probe "
         f"AND (NOT ({single}) OR id IN {first_rows})), "
-        "marks AS MATERIALIZED (SELECT jsonb_object_agg(partition, ids) AS marks "
-        "FROM (SELECT partition, jsonb_agg(id) AS ids FROM first_send "
-        "GROUP BY partition) AS by_partition), "
-        f"marked AS (UPDATE {PARTITIONS} p SET inflight_ids = m.marks -> p.partition::text, "
-        "inflight_token = %s FROM marks m WHERE m.marks ? p.partition::text "
-        "AND p.owner = %s AND p.lease_until > %s RETURNING p.partition) "
+        f"leased AS ({_leased(partitions='first_send')}), "
+        f"marked AS (INSERT INTO {INFLIGHT} (token, partition, owner, ids, marked_at) "
+        "SELECT %s, partition, %s, jsonb_agg(id), %s FROM first_send "
+        "WHERE partition IN (SELECT partition FROM leased) GROUP BY partition "
+        "RETURNING partition) "
         f"SELECT {_COLUMNS}{lazily}, probe, id IN (SELECT id FROM first_send) "
         "AND partition IN (SELECT partition FROM marked) FROM due ORDER BY next_run_at, id",
-        [*params, *single_params, per_row_send, token, owner, dt(now)], prepare=True,
+        [*params, *single_params, per_row_send, owner, dt(now), token, owner, dt(now)],
+        prepare=True,
     )
     read = _read_fast(fetched, probe_at=-2)
     marks: dict[int, list[int]] = {}
@@ -1022,7 +1033,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     adds the rows it matched to the hourly statistics, so a write of successes is one
     statement, atomic without a transaction (no BEGIN and COMMIT round trips).
     ``clear_marks`` (fast lane, with ``count_as``): it also clears the poll's in-flight
-    marks (``partitions_clear_inflight``), the last write of a poll.
+    marks (``inflight_clear``), the last write of a poll.
     ``flush_lazily`` (with ``count_as``, at-least-once rows only): that statement, its own
     transaction, commits without waiting for the WAL flush (``_flush_lazily``).
     """

@@ -24,11 +24,11 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.outage import Outages, backoff_s, is_database_fault
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
-from jobs_engine.models import Partition, Worker
+from jobs_engine.models import Worker
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from jobs_engine.store import dialect
 from tests.db.test_fast_lane import keys_in, make_worker
-from tests.helpers import FakeMonotonic
+from tests.helpers import FakeMonotonic, in_flight
 
 pytestmark = pytest.mark.django_db
 
@@ -91,7 +91,7 @@ def test_outcomes_a_fault_kept_are_written_first_and_no_row_is_sent_twice(
     assert worker.run(now + 2 * SECOND) == 0  # written, then a poll that finds nothing
     assert sorted(calls) == sorted(ids)
     assert not JobModel.objects.filter(id__in=ids).exists()
-    assert Partition.objects.get(partition=5).inflight_ids == []
+    assert in_flight(5) == []
     assert not worker.lane.unwritten_tokens()
 
 
@@ -109,11 +109,11 @@ def test_marks_a_failed_read_may_have_made_are_cleared_before_the_next_poll(
         worker.run(now)
     assert calls == []
     if store.is_postgres():  # the read marks in the same statement only on PostgreSQL
-        assert Partition.objects.get(partition=6).inflight_ids == [job_id]
+        assert in_flight(6) == [job_id]
 
     assert worker.run(now + SECOND) == 1
     assert calls == [job_id]
-    assert Partition.objects.get(partition=6).inflight_ids == []
+    assert in_flight(6) == []
 
 
 def test_a_partition_taken_back_with_its_own_unwritten_mark_is_not_judged(

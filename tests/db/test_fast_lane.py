@@ -32,7 +32,7 @@ from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import CompletedJob, Partition, TargetPause
 from jobs_engine.models import Job as JobModel
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
-from tests.helpers import FakeMonotonic, race, statements
+from tests.helpers import CLEAR_SQL, MARK_SQL, FakeMonotonic, in_flight, race, statements
 
 pytestmark = pytest.mark.django_db
 
@@ -666,10 +666,8 @@ def test_batch_handler_gets_all_rows_of_a_poll_in_one_call(targets: Any, t0: dat
     with CaptureQueriesContext(connection) as queries:
         assert make_worker("A").run(t0) == 7
     assert [sorted(batch) for batch in batches] == [sorted(in_p + in_q)]
-    # One statement marks the whole send (on PostgreSQL the poll's read itself); the
-    # other statement that sets marks is the final clear.
-    marks = [q["sql"] for q in queries if "SET inflight_ids" in q["sql"]
-             and "inflight_token = NULL" not in q["sql"]]
+    # One statement marks the whole send (on PostgreSQL the poll's read itself).
+    marks = [q["sql"] for q in queries if MARK_SQL in q["sql"]]
     assert len(marks) == 1
     if connection.vendor == "postgresql":
         assert "FROM due ORDER BY next_run_at, id" in marks[0]  # the poll's read
@@ -699,8 +697,7 @@ def hand_in_one_poll(targets: Any, t0: datetime, worker: Worker, keys: list[str]
 
 
 def marks_in(statements: list[str]) -> list[str]:
-    return [sql for sql in statements
-            if "SET inflight_ids" in sql and "inflight_token = NULL" not in sql]
+    return [sql for sql in statements if MARK_SQL in sql]
 
 
 def test_the_read_marks_the_first_row_of_a_per_row_target(targets: Any, t0: datetime
@@ -746,7 +743,7 @@ def test_a_crash_presumes_the_rows_marked_with_the_row_in_hand_dead_never_sent_t
     settings = jobs_settings(FAST_MARK_ROWS=3)
     with pytest.raises(Crash):
         make_worker("A", settings).run(t0 + SECOND)
-    assert sorted(Partition.objects.get(partition=21).inflight_ids) == sorted(ids[:3])
+    assert in_flight(21) == sorted(ids[:3])
     later = t0 + 31 * SECOND
     b = make_worker("B", settings)
     b.leases.heartbeat(later)
@@ -776,7 +773,7 @@ def test_a_stop_request_ends_a_marked_group_between_rows(
     assert worker.run(t0) == 1
     assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(set(ids) - set(sent))
     assert JobModel.objects.filter(status=JobStatus.PENDING).count() == 2
-    assert all(p.inflight_token is None for p in Partition.objects.all())
+    assert in_flight() == []
 
 
 def test_the_send_the_read_marked_goes_first(targets: Any, t0: datetime,
@@ -805,8 +802,8 @@ def test_a_poll_of_successes_is_written_and_its_marks_cleared_in_one_statement(
     ids = [put("fl.one_write", t0, key=f"k{i}") for i in range(6)]
     with CaptureQueriesContext(connection) as queries:
         assert make_worker("A").run(t0) == 6
-    writes = [q["sql"] for q in queries if "DELETE FROM" in q["sql"]]
-    clears = [q["sql"] for q in queries if "inflight_token = NULL" in q["sql"]]
+    writes = [q["sql"] for q in queries if "DELETE FROM jobs_engine_job" in q["sql"]]
+    clears = [q["sql"] for q in queries if CLEAR_SQL in q["sql"]]
     assert len(writes) == 1
     if connection.vendor == "postgresql":
         assert clears == writes, "the clear is part of the write"
@@ -814,8 +811,7 @@ def test_a_poll_of_successes_is_written_and_its_marks_cleared_in_one_statement(
         assert len(clears) == 1 and clears != writes
     assert not JobModel.objects.filter(id__in=ids).exists()
     assert set(CompletedJob.objects.values_list("id", flat=True)) == set(ids)
-    assert all(p.inflight_ids == [] and p.inflight_token is None
-               for p in Partition.objects.all())
+    assert in_flight() == []
     assert ("fl.one_write", "ok", 6) in store.job_stats_totals()
 
 
@@ -862,7 +858,7 @@ def test_db_lease_guard_stops_a_worker_that_still_trusts_its_lease(
     assert target.extra["calls"] == []
     assert partition not in a.leases.held()
     assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
-    assert Partition.objects.get(partition=partition).inflight_token is None
+    assert in_flight(partition) == []
 
 
 def test_lease_lost_between_rows_sends_no_further_row(targets: Any, t0: datetime) -> None:
@@ -920,15 +916,15 @@ def test_a_stall_between_the_mark_and_the_hand_off_hands_nothing(
     monkeypatch.setattr(store, "jobs_fast_poll", stall(
         store.jobs_fast_poll,
         lambda poll, *_: any(job_id in ids for ids in poll.marked.values())))
-    monkeypatch.setattr(store, "partitions_mark_inflight_if_leased", stall(
-        store.partitions_mark_inflight_if_leased,
-        lambda marked, *args: 11 in marked and any(row[1] == job_id for row in args[4])))
+    monkeypatch.setattr(store, "inflight_mark_if_leased", stall(
+        store.inflight_mark_if_leased,
+        lambda marked, *args: 11 in marked and any(row[1] == job_id for row in args[3])))
     assert a.run(t0) == (1 if kind == "per-row, second send" else 0)
     assert handed == [] and target.extra["calls"] == []
     if kind == "per-row, second send":
         assert len(first.extra["calls"]) == 1
     assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
-    assert Partition.objects.get(partition=11).inflight_ids == []
+    assert in_flight(11) == []
 
 
 @pytest.mark.parametrize("mode", [DeliveryMode.AT_MOST_ONCE, DeliveryMode.AT_LEAST_ONCE])
@@ -948,14 +944,11 @@ def test_takeover_judges_the_row_in_flight(targets: Any, t0: datetime, mode: Del
     a = make_worker("A")
     with pytest.raises(Crash):
         a.run(t0)
-    marked = Partition.objects.get(partition=21)
-    assert first in marked.inflight_ids and marked.inflight_token
+    assert first in in_flight(21)
     later = t0 + 31 * SECOND
     b = make_worker("B")
     b.leases.heartbeat(later)
-    cleared = Partition.objects.get(partition=21)
-    assert (cleared.owner, cleared.inflight_ids, cleared.inflight_token) == (
-        b.lane.worker_id, [], None)
+    assert (Partition.objects.get(partition=21).owner, in_flight(21)) == (b.lane.worker_id, [])
     if mode is DeliveryMode.AT_MOST_ONCE:
         dead = row(first)
         assert (dead.status, dead.closed_at) == (JobStatus.DEAD, later)
@@ -970,6 +963,45 @@ def test_takeover_judges_the_row_in_flight(targets: Any, t0: datetime, mode: Del
         assert b.lane.run_once(later) == 2
         assert [job.id for job in calls] == [first, first, second]
     assert not JobModel.objects.filter(status=JobStatus.PENDING).exists()
+
+
+def test_a_poll_marks_and_clears_without_updating_a_partition_row(targets: Any,
+                                                                  t0: datetime) -> None:
+    """In-flight marks are rows of their own, inserted and deleted: an update of the
+    partition's row at every mark and clear left a version behind while another session
+    held an old snapshot, and every later read of the partitions walked past them."""
+    targets("fl.no-update")
+    targets("fl.no-update-alo", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    for key in keys_in({3, 4}, 4, "nu"):
+        put("fl.no-update", t0, key=key)
+        put("fl.no-update-alo", t0, key=f"{key}-alo")
+    worker = make_worker("A")
+    worker.leases.heartbeat(t0)
+    with CaptureQueriesContext(connection) as queries:
+        assert worker.lane.run_once(t0) == 8
+    sql = [q["sql"] for q in queries]
+    assert any(MARK_SQL in s for s in sql) and any(CLEAR_SQL in s for s in sql)
+    assert not [s for s in sql if re.search(r"UPDATE\s+jobs_engine_partition", s)]
+    assert in_flight() == []
+
+
+def test_a_mark_of_a_worker_of_an_earlier_release_is_judged_on_takeover(
+        targets: Any, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
+    """A worker of the release before marked rows on its partition's row; a worker of
+    this release taking the partition over judges them as its own kind of mark."""
+    targets("fl.legacy")
+    at_most_once, kept = (put("fl.legacy", t0, key=key) for key in keys_in({40}, 2, "lg"))
+    store.partitions_seed(64)
+    Partition.objects.filter(partition=40).update(
+        owner="old-worker", lease_until=t0 + SECOND, inflight_ids=[at_most_once],
+        inflight_token="old-token")
+    make_worker("B").leases.heartbeat(t0 + 31 * SECOND)
+    judged = row(at_most_once)
+    assert (judged.status, judged.claim_token) == (JobStatus.DEAD, "old-token")
+    assert row(kept).status == JobStatus.PENDING
+    assert [s["job_id"] for s in dead_signals] == [at_most_once]
+    legacy = Partition.objects.get(partition=40)
+    assert (legacy.inflight_ids, legacy.inflight_token) == ([], None)
 
 
 def test_outcome_written_under_the_inflight_token_stays_as_written(
@@ -988,9 +1020,8 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
     a.leases.heartbeat(t0)
     rows = {r.id: r for r in store.jobs_fast_due(a.leases.held(), t0, {"fl.written": 10}).jobs}
     token = "a-token"
-    assert store.partitions_mark_inflight_if_leased(
-        a.leases.worker_id, t0, {30: [retried, closed]}, token,
-        [(30, retried, 0), (30, closed, 0)]) == {30}
+    assert store.inflight_mark_if_leased(
+        a.leases.worker_id, t0, token, [(30, retried, 0), (30, closed, 0)]) == {30}
     outcomes.write(store.Guard(Lane.FAST, token), [
         RunResult(rows[retried], Outcome.retried(t0 + 60 * SECOND, "answered"), 1.0),
         RunResult(rows[closed], Outcome.dead("DeadNow: invalid"), 1.0)], t0, conf.jobs_settings())
@@ -1001,7 +1032,7 @@ def test_outcome_written_under_the_inflight_token_stays_as_written(
     assert (kept.status, kept.attempts, kept.next_run_at) == (
         JobStatus.PENDING, 1, t0 + 60 * SECOND)
     assert row(closed).last_error == "DeadNow: invalid"
-    assert Partition.objects.get(partition=30).inflight_ids == []
+    assert in_flight(30) == []
     assert dead_signals == []  # none from the takeover
 
 
@@ -1017,12 +1048,12 @@ def test_outcomes_and_the_mark_clear_commit_together(targets: Any, t0: datetime,
     def failing_clear(token: str) -> None:
         raise RuntimeError("clear failed")
 
-    monkeypatch.setattr(store, "partitions_clear_inflight", failing_clear)
+    monkeypatch.setattr(store, "inflight_clear", failing_clear)
     with pytest.raises(RuntimeError):
         make_worker("A").run(t0)
     assert len(calls) == 1
     assert (row(job_id).status, row(job_id).attempts) == (JobStatus.PENDING, 0)
-    assert Partition.objects.get(partition=31).inflight_ids == [job_id]
+    assert in_flight(31) == [job_id]
 
 
 # -- rows closed mid-batch, stop requests ---------------------------------------------------
@@ -1067,7 +1098,7 @@ def test_a_stop_request_ends_the_batch_between_sends(targets: Any, t0: datetime)
     assert worker.run(t0) == 1
     assert len(sent) == 1
     assert sorted(JobModel.objects.values_list("id", flat=True)) == sorted(set(ids) - set(sent))
-    assert all(p.inflight_token is None for p in Partition.objects.all())
+    assert in_flight() == []
 
 
 def test_one_send_over_partitions_skips_only_the_partition_whose_lease_is_gone(

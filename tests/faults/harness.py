@@ -415,8 +415,8 @@ class FaultRun:
         try:
             with psycopg.connect(self.db_url, connect_timeout=3) as conn:
                 marks = conn.execute(
-                    "SELECT inflight_ids FROM jobs_engine_partition WHERE owner = %s "
-                    "AND inflight_token IS NOT NULL", [worker_id]).fetchall()
+                    "SELECT ids FROM jobs_engine_inflight WHERE owner = %s",
+                    [worker_id]).fetchall()
                 started = conn.execute(
                     "SELECT id FROM jobs_engine_job WHERE status = 'RUNNING' AND claimed_by = %s "
                     "AND started_at IS NOT NULL", [worker_id]).fetchall()

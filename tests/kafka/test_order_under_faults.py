@@ -43,7 +43,7 @@ from django.db import connection, transaction
 
 from jobs_engine import conf
 from jobs_engine.enqueueing import enqueue_many, next_version
-from jobs_engine.models import Job, Partition
+from jobs_engine.models import InflightMark, Job
 from jobs_engine.states import JobStatus
 from tests.kafka.conftest import REPO_ROOT, Delivered, KafkaBroker, TopicReader
 from tests.process.harness import WorkerCluster, WorkerProc, database_url, wait_until
@@ -133,16 +133,15 @@ def kill_one_mid_send(procs: list[WorkerProc], modes: dict[str, str],
 
     def open_rows(owners: Any) -> dict[str, list[int]]:
         found: dict[str, list[int]] = defaultdict(list)
-        for ids, token in Partition.objects.filter(
-                inflight_token__isnull=False, owner__in=owners).values_list(
-                    "inflight_ids", "inflight_token"):
+        for ids, token in InflightMark.objects.filter(owner__in=owners).values_list(
+                "ids", "token"):
             for job_id, target in (Job.objects.filter(id__in=ids, status=JobStatus.PENDING)
                                    .exclude(outcome_token=token).values_list("id", "target")):
                 found[modes[target]].append(job_id)
         return {mode: sorted(ids) for mode, ids in found.items()}
 
     while time.monotonic() < started + timeout:
-        owners = list(Partition.objects.filter(inflight_token__isnull=False, owner__in=by_id)
+        owners = list(InflightMark.objects.filter(owner__in=by_id)
                       .values_list("owner", flat=True)[:1])
         if not owners:
             time.sleep(0.002)

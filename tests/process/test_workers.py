@@ -24,6 +24,7 @@ from jobs_engine import enqueue, enqueue_many
 from jobs_engine.enqueueing import partition_for
 from jobs_engine.models import Job, Partition, Worker
 from jobs_engine.states import JobStatus
+from tests.helpers import in_flight
 from tests.process.harness import (
     HEARTBEAT_S,
     LEASE_S,
@@ -198,9 +199,8 @@ def test_sigkill_mid_send_takeover_judges_in_flight_rows_by_delivery_mode(
     victim.wait_exit(5)
 
     # Frozen until the lease runs out: what the dead process had in flight, and its leases.
-    inflight = set(Partition.objects.get(partition=first).inflight_ids)
-    assert inflight == set(first_al) | set(first_am[:2])
-    assert set(Partition.objects.get(partition=last).inflight_ids) == set(later_al)
+    assert set(in_flight(first)) == set(first_al) | set(first_am[:2])
+    assert set(in_flight(last)) == set(later_al)
     assert Job.objects.filter(id__in=later_al + later_am, status=JobStatus.PENDING).count() == 4
     old_leases = dict(Partition.objects.filter(partition__in=victim_parts)
                       .values_list("partition", "lease_until"))
@@ -271,7 +271,7 @@ def test_sigkill_with_rows_marked_together_presumes_them_dead_and_sends_none_twi
                "the victim to start the second row")
     victim.send(signal.SIGKILL)
     victim.wait_exit(5)
-    assert set(Partition.objects.get(partition=min(settled)).inflight_ids) == set(ids[:3])
+    assert set(in_flight(min(settled))) == set(ids[:3])
 
     successor = cluster.start("run_fast_lane", JOBS_FAST_MARK_ROWS="3")
     wait_until(lambda: pending_count() == 0, LEASE_S + HEARTBEAT_S + 20,
