@@ -19,6 +19,14 @@ mark statement of its own, and neither does an idle worker woken for one at-most
 
 A database fault does not lose what was sent: the poll's results wait (``Unwritten``) and
 are written before anything else is polled (docs/design.md#database-outages).
+
+A target whose whole window of a poll was handed is read from after that window at the
+next poll (a cursor, ``store.jobs_fast_due``), less ``CURSOR_LAG_S``, so a poll does not
+walk again the rows its predecessors handed and deleted: while another session holds an
+old snapshot, PostgreSQL can neither remove them nor mark their index entries dead, and a
+drain slowed with every poll. A read from the first due row comes at least every
+``POLL_S``, at a wake-up, and when the worker's partitions change: a row whose transaction
+committed more than ``CURSOR_LAG_S`` after it began, behind a cursor, waits for it.
 """
 
 from __future__ import annotations
@@ -27,9 +35,10 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from itertools import groupby
 
 from django.db import transaction
@@ -43,13 +52,16 @@ from jobs_engine.lanes.clock import DatabaseClock, DatabaseTime
 from jobs_engine.lanes.handlers import Handed, call_batch_handler, call_handler
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.outage import is_database_fault
-from jobs_engine.lanes.outcomes import Outcome, RunResult, judge
+from jobs_engine.lanes.outcomes import Outcome, OutcomeKind, RunResult, judge
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, all_targets, get_target
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
 _AT_LEAST_ONCE = DeliveryMode.AT_LEAST_ONCE.value
+# How far before its last window a target's next read starts: rows whose transaction began
+# that much before another's committed are still read in order (``FastLane``).
+CURSOR_LAG = timedelta(seconds=0.1)
 
 
 def takes_whole_poll(target: Target | None) -> bool:
@@ -96,6 +108,11 @@ class FastLane:
         self._monotonic = monotonic
         self._time = DatabaseTime(store.db_now, monotonic)
         self._next_backlog_walk = 0.0  # monotonic time of the next whole-backlog walk
+        # Targets' cursors (where their next read starts), for the partitions they were
+        # made with, and when the next read from the first due row is due.
+        self._after: dict[str, tuple[datetime, int]] = {}
+        self._after_held: list[int] = []
+        self._next_full_read = 0.0
         # Polls whose outcomes a database fault kept from being written, by token (the main
         # thread writes them; the heartbeat thread reads the tokens).
         self._unwritten: dict[str, Unwritten] = {}
@@ -126,14 +143,17 @@ class FastLane:
         if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
             limits = {name: min(n, store.WOKEN_POLL_ROWS) for name, n in limits.items()}
         per_row = [t.name for t in fast if not takes_whole_poll(t)]
+        after = self._cursors(held, woken)
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.
         poll_out = Unwritten(uuid.uuid4().hex)
+        self._after = {}  # a poll that fails halfway leaves no cursor behind
         try:
             poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
                                         token=poll_out.token, per_row=per_row,
                                         per_row_send=self.settings.FAST_MARK_ROWS,
-                                        flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE)
+                                        flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
+                                        after=after)
             walk = self._backlog_heads(held, now, limits, poll.jobs, defer=woken)
             jobs, _, poll_out.probes = self.pauses.probe_rows(
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
@@ -150,7 +170,33 @@ class FastLane:
                 self._keep_unwritten(poll_out)
             raise
         self._write(poll_out, clock())
+        self._after = self._cursors_after(poll, limits, poll_out.results)
         return len(poll_out.results)
+
+    # -- cursors ----------------------------------------------------------------------------
+
+    def _cursors(self, held: list[int], woken: bool) -> dict[str, tuple[datetime, int]]:
+        """Where each target's read starts: after its cursor, or at its first due row for
+        every target at a wake-up, when the partitions changed, and once a ``POLL_S``."""
+        monotonic = self._monotonic()
+        if woken or held != self._after_held or monotonic >= self._next_full_read:
+            self._after_held = held
+            self._next_full_read = monotonic + self.settings.POLL_S
+            return {}
+        return self._after
+
+    @staticmethod
+    def _cursors_after(poll: store.FastPoll, limits: dict[str, int],
+                       results: Sequence[RunResult]) -> dict[str, tuple[datetime, int]]:
+        """The cursors a poll leaves: for each target whose window was full and every row
+        of it handed and written (not given back by a pause), its last row's run time less
+        ``CURSOR_LAG``. A window with fewer rows reached the end of the target's due rows,
+        or left a later version of a key out (not a head): read from the first row again."""
+        written = {r.job.id for r in results if r.outcome.kind is not OutcomeKind.PAUSED}
+        read = Counter(job.target for job in poll.jobs)
+        unhanded = {job.target for job in poll.jobs if job.id not in written}
+        return {target: (at - CURSOR_LAG, 0) for target, (at, _) in poll.last_read.items()
+                if read[target] == limits.get(target) and target not in unhanded}
 
     def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
                        jobs: list[Job], *, defer: bool) -> store.FastPoll:

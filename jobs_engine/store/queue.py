@@ -17,7 +17,7 @@ import contextlib
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -478,8 +478,14 @@ def inflight_clear(token: str) -> None:
 LIMIT_IN_TEXT_FROM_ROWS = 100_000
 
 
+# Where a target's window starts without a cursor: before any row.
+BEGINNING = (datetime(1, 1, 1, tzinfo=UTC), 0)
+
+
 def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
-                    whole_backlog: bool = False) -> tuple[str, list[Any]]:
+                    whole_backlog: bool = False,
+                    after: Mapping[str, tuple[datetime, int]] | None = None
+                    ) -> tuple[str, list[Any]]:
     """The heads of each target in ``limits`` that is not paused: ``_JOB_COLUMNS``,
     ``next_run_at`` and ``probe`` (the target's pause ran out: one of its rows may go as
     the probe, ``PauseGate.probe_rows``).
@@ -505,30 +511,56 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     tenth of a million expected rows costs the statement past ``jit_above_cost``, and
     compiling it took 45 ms of every poll: there the written limit plans exactly.
 
-    From poll to poll only the clock changes: the text and the other parameters are
-    built once per shape (``_fast_heads_shape``), where building them took 20-40 µs of
-    an idle worker's wake-up.
+    ``after``: a target's window starts after that (next_run_at, id) instead of at its
+    first due row (a cursor, ``FastLane``): the rows before it, handed by earlier polls and
+    deleted, are not walked again. They cost little once vacuumed, or once a scan has found
+    them dead to every session and marked their index entries so; while another session
+    holds an old snapshot neither happens, and each poll walked every one of them (after
+    three drains of 20,000 rows, 12 ms a poll).
+
+    From poll to poll only the clock and the cursors change: the text and the other
+    parameters are built once per shape (``_fast_heads_shape``), where building them took
+    20-40 µs of an idle worker's wake-up.
     """
     postgres = is_postgres()
     in_text = postgres and (planned_rows(JOBS) or 0) >= LIMIT_IN_TEXT_FROM_ROWS
+    after = after or {}
     text, params = _fast_heads_shape(tuple(partitions), tuple(limits.items()), whole_backlog,
-                                     in_text, postgres)
+                                     in_text, postgres, bool(after))
     clock = dt(now)
-    return text, [clock if param is _NOW else param for param in params]
+    return text, [clock if param is _NOW
+                  else param.value(after.get(param.target, BEGINNING))
+                  if isinstance(param, _After) else param for param in params]
 
 
 _NOW = object()  # where the poll's clock goes among ``_fast_heads_shape``'s parameters
 
 
+class _After(NamedTuple):
+    """Where a target's cursor goes among ``_fast_heads_shape``'s parameters: its
+    ``next_run_at`` (``field`` 0) or its id (1)."""
+
+    target: str
+    field: int
+
+    def value(self, cursor: tuple[datetime, int]) -> Any:
+        return dt(cursor[0]) if self.field == 0 else cursor[1]
+
+
 @lru_cache(maxsize=32)
 def _fast_heads_shape(partitions: tuple[int, ...], limits: tuple[tuple[str, int], ...],
-                      whole_backlog: bool, in_text: bool, postgres: bool
+                      whole_backlog: bool, in_text: bool, postgres: bool, cursors: bool
                       ) -> tuple[str, tuple[Any, ...]]:
-    """``_fast_heads_sql``'s text and parameters, ``_NOW`` for the clock."""
+    """``_fast_heads_sql``'s text and parameters, ``_NOW`` for the clock and ``_After``
+    for the cursors. A read without ``cursors`` has no cursor condition at all: the
+    planner judges the second range condition selective, and a generic plan made with it
+    for a small table took a bitmap scan and a sort of every due row over the index's
+    order."""
     part_clause, part_params = in_("j.partition", partitions)
+    cursor = " AND (j.next_run_at, j.id) > ({after})" if cursors else ""
     due = (f"SELECT {', '.join('j.' + c for c in _JOB_COLUMNS)}, "
            f"j.next_run_at FROM {JOBS} j WHERE {_FAST_PENDING} "
-           "AND j.target = {target} AND j.next_run_at <= %s AND " + part_clause)
+           "AND j.target = {target} AND j.next_run_at <= %s" + cursor + " AND " + part_clause)
     head = ("(j.key IS NULL OR NOT EXISTS ("
             f"SELECT 1 FROM {JOBS} e WHERE e.status = '{_PENDING}' AND e.key IS NOT NULL "
             "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
@@ -541,23 +573,29 @@ def _fast_heads_shape(partitions: tuple[int, ...], limits: tuple[tuple[str, int]
     if postgres:
         branches, params = [], []
         for limit in sorted({n for _, n in limits}):
-            names, name_params = values_([(name,) for name, n in limits if n == limit])
-            windows = (f"SELECT w.target, {paused.format(target='w.target')} AS probe "
-                       f"FROM ({names}) AS w(target) "
+            names = [name for name, n in limits if n == limit]
+            rows = ", ".join(["(%s, %s::timestamptz, %s::bigint)"] * len(names))
+            name_params = [p for name in names for p in (name, _After(name, 0), _After(name, 1))]
+            if not cursors:  # the same columns, whose values no condition reads
+                name_params = [p if not isinstance(p, _After) else None for p in name_params]
+            windows = (f"SELECT w.target, w.after_at, w.after_id, "
+                       f"{paused.format(target='w.target')} AS probe "
+                       f"FROM (VALUES {rows}) AS w(target, after_at, after_id) "
                        f"WHERE NOT {pause_runs.format(target='w.target')}")
-            branches.append(
-                f"SELECT j.*, w.probe FROM ({windows}) AS w CROSS JOIN LATERAL "
-                f"({window.format(target='w.target', limit=int(limit) if in_text else '%s')})"
-                " AS j" + ("" if whole_backlog else f" WHERE {head}"))
+            lateral = window.format(target="w.target", after="w.after_at, w.after_id",
+                                    limit=int(limit) if in_text else "%s")
+            branches.append(f"SELECT j.*, w.probe FROM ({windows}) AS w CROSS JOIN LATERAL "
+                            f"({lateral}) AS j" + ("" if whole_backlog else f" WHERE {head}"))
             params += [*name_params, _NOW, _NOW, *part_params, *([] if in_text else [limit])]
         return " UNION ALL ".join(branches), tuple(params)
     per_target = (f"SELECT *, {paused.format(target='%s')} AS probe "
-                  f"FROM ({window.format(target='%s', limit='%s')}) AS j "
+                  f"FROM ({window.format(target='%s', after='%s, %s', limit='%s')}) AS j "
                   f"WHERE NOT {pause_runs.format(target='%s')}"
                   + ("" if whole_backlog else f" AND {head}"))
     params = []
     for target, limit in limits:
-        params += [target, target, _NOW, *part_params, limit, target, _NOW]
+        cursor_params = [_After(target, 0), _After(target, 1)] if cursors else []
+        params += [target, target, _NOW, *cursor_params, *part_params, limit, target, _NOW]
     return " UNION ALL ".join([per_target] * len(limits)), tuple(params)
 
 
@@ -570,16 +608,24 @@ class FastPoll:
     probing: frozenset[str] = frozenset()
     marked_target: str | None = None
     marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
+    # target -> its last row read, (next_run_at, id): where a cursor after it starts
+    last_read: Mapping[str, tuple[datetime, int]] = field(default_factory=dict)
+
+
+_NEXT_RUN_AT = len(_JOB_COLUMNS)  # where a read row's next_run_at is, after a Job's columns
 
 
 def _read_fast(fetched: Sequence[Sequence[Any]], probe_at: int) -> FastPoll:
     jobs = [_job(row) for row in fetched]
+    last_read = {job.target: (read_dt(row[_NEXT_RUN_AT]), job.id)
+                 for job, row in zip(jobs, fetched, strict=True)}  # run order: the last wins
     return FastPoll(jobs, frozenset(job.target for job, row in zip(jobs, fetched, strict=True)
-                                    if row[probe_at]))
+                                    if row[probe_at]), last_read=last_read)  # type: ignore[arg-type]
 
 
 def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
-                  whole_backlog: bool = False) -> FastPoll:
+                  whole_backlog: bool = False,
+                  after: Mapping[str, tuple[datetime, int]] | None = None) -> FastPoll:
     """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) that
     are not paused, in the given partitions, each the head of its key, in run order: the
     heads among each target's first ``limit`` due rows (``_fast_heads_sql``).
@@ -595,19 +641,23 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
     window holds no head when every row in it waits for an earlier version due later
     (versions committed out of order); this walk keeps the lane from stalling behind
     them, and reads the whole backlog, so the lane runs it seldom.
+
+    ``after``: the targets' cursors (``_fast_heads_sql``).
     """
     if not limits or not partitions:
         return FastPoll([])
-    union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog)
+    union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog,
+                                    after=after)
     return _read_fast(fetch(
-        f"SELECT {_COLUMNS}, probe FROM ({union}) AS due ORDER BY next_run_at, id", params),
+        f"SELECT {_COLUMNS}, next_run_at, probe FROM ({union}) AS due "
+        "ORDER BY next_run_at, id", params),
         probe_at=-1)
 
 
 def jobs_fast_poll(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
     token: str, per_row: Collection[str] = (), per_row_send: int = 1,
-    flush_lazily: bool = False,
+    flush_lazily: bool = False, after: Mapping[str, tuple[datetime, int]] | None = None,
 ) -> FastPoll:
     """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
     read itself.
@@ -623,12 +673,12 @@ def jobs_fast_poll(
     and of an idle worker's wake-up) is needed; otherwise the read is followed by the
     guarded mark. ``flush_lazily`` (PostgreSQL): a mark of at-least-once rows only commits
     without waiting for its flush (``_flush_lazily``; a takeover leaves such rows PENDING,
-    marked or not).
+    marked or not). ``after``: the targets' cursors (``_fast_heads_sql``).
     """
     if not limits or not partitions:
         return FastPoll([])
     if not writable_ctes():
-        due = jobs_fast_due(partitions, now, limits)
+        due = jobs_fast_due(partitions, now, limits, after=after)
         first = min((job.target for job in due.jobs), default=None)
         if first is None or first in due.probing:
             return due
@@ -642,8 +692,8 @@ def jobs_fast_poll(
             owner, now, token,
             [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
         return FastPoll(due.jobs, due.probing, first,
-                        {p: ids for p, ids in wanted.items() if p in marked})
-    union, params = _fast_heads_sql(partitions, now, limits)
+                        {p: ids for p, ids in wanted.items() if p in marked}, due.last_read)
+    union, params = _fast_heads_sql(partitions, now, limits, after=after)
     single, single_params = in_("target", list(per_row))
     first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
                   "ORDER BY next_run_at, id LIMIT %s)")
@@ -661,7 +711,7 @@ def jobs_fast_poll(
         "SELECT %s, partition, %s, jsonb_agg(id), %s FROM first_send "
         "WHERE partition IN (SELECT partition FROM leased) GROUP BY partition "
         "RETURNING partition) "
-        f"SELECT {_COLUMNS}{lazily}, probe, id IN (SELECT id FROM first_send) "
+        f"SELECT {_COLUMNS}, next_run_at{lazily}, probe, id IN (SELECT id FROM first_send) "
         "AND partition IN (SELECT partition FROM marked) FROM due ORDER BY next_run_at, id",
         [*params, *single_params, per_row_send, owner, dt(now), token, owner, dt(now)],
         prepare=True,
@@ -673,7 +723,7 @@ def jobs_fast_poll(
             marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
     first = min((job.target for job in read.jobs), default=None)
     return FastPoll(read.jobs, read.probing, first if first not in read.probing else None,
-                    marks)
+                    marks, read.last_read)
 
 
 # A pass of the worker that handed this many rows, more than the planner believes the

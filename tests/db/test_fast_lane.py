@@ -1251,6 +1251,52 @@ def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
     assert ("LIMIT 200" in polls[-1][0]) is limit_in_text
 
 
+def test_a_target_whose_window_was_handed_is_read_after_it_next_time(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """A cursor: after a full window of a target was handed, the next poll reads from
+    after that window (less the lag), not from the first due row: rows before it were
+    handed and deleted, and walking their dead index entries again made every poll of a
+    drain slower while another session held an old snapshot. A row committed behind the
+    cursor (its transaction began earlier) is read at the next read from the start: a
+    POLL_S later, or at a wake-up."""
+    from jobs_engine.lanes.fast import CURSOR_LAG
+    from jobs_engine.store import dialect
+
+    target = targets("fl.cursor", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    worker = make_worker("A", jobs_settings(FAST_BATCH=10))
+    at = t0 + 60 * SECOND  # every row below is due by then
+    first = [put("fl.cursor", t0 + i * MILLISECOND) for i in range(25)]
+    with statements("") as seen:
+        assert worker.run(at) == 10  # a read from the first row
+        assert worker.run(at) == 10  # after the first window
+    reads = [(sql, params) for sql, params in seen  # the reads of fl.cursor's rows
+             if "AND j.target = " in sql and "fl.cursor" in (params or ())]
+    assert "(j.next_run_at, j.id) >" not in reads[0][0]
+    assert "(j.next_run_at, j.id) >" in reads[1][0]
+    assert dialect.dt(t0 + 9 * MILLISECOND - CURSOR_LAG) in reads[1][1]
+    late = put("fl.cursor", t0 - SECOND)  # committed now, its transaction began long before
+    assert worker.run(at) == 5  # the window's last rows: not full, so no cursor after it
+    assert worker.run(at) == 1  # read from the start: the late row
+    assert [job.id for job in target.extra["calls"]] == [*first, late]
+    more = [put("fl.cursor", t0 + 10 * SECOND + i * MILLISECOND) for i in range(20)]
+    assert worker.run(at) == 10
+    behind = put("fl.cursor", t0 + 5 * SECOND)  # behind the cursor, by more than the lag
+    assert worker.run(at) == 10
+    assert behind not in [job.id for job in target.extra["calls"]]
+    assert worker.lane.run_once(at, woken=True) == 1  # a wake-up reads from the start
+    assert [job.id for job in target.extra["calls"]] == [*first, late, *more, behind]
+    more_again = [put("fl.cursor", t0 + 20 * SECOND + i * MILLISECOND) for i in range(20)]
+    assert worker.run(at) == 10
+    behind_again = put("fl.cursor", t0 + 6 * SECOND)
+    assert worker.run(at) == 10  # not woken: after the cursor of the poll before
+    assert behind_again not in [job.id for job in target.extra["calls"]]
+    worker.clock.advance(1)  # POLL_S later: a read from the start
+    assert worker.run(at) == 1
+    assert target.extra["calls"][-1].id == behind_again and not JobModel.objects.exists()
+    assert sorted(job.id for job in target.extra["calls"]) == sorted(
+        [*first, late, *more, behind, behind_again, *more_again])
+
+
 def test_polls_ask_the_database_for_the_time_once_a_second(targets: Any, now: datetime
                                                            ) -> None:
     """A worker's polls (no decision time given, as in a worker) read the database's clock
