@@ -219,6 +219,8 @@ def shape_rows(o: Options) -> list[Row]:
             rows += [Row(f"shapes:idle:{n}:{what}:ratio", f"  ratio {n:,} idle targets / "
                          f"{base:,}, same round", "x") for n in o.shapes_idle[1:]]
     kinds = {"engine": "jobs_engine.enqueue, autocommit",
+             "engine_worker": "jobs_engine.enqueue, autocommit, a fast-lane worker serving "
+                              "(at-least-once no-op)",
              "raw_insert": "raw INSERT, autocommit",
              "raw_insert_notify": "raw INSERT + SELECT pg_notify, one transaction",
              "raw_insert_notify_1": "raw INSERT + pg_notify in one statement, autocommit"}
@@ -234,6 +236,12 @@ def shape_rows(o: Options) -> list[Row]:
                 f"(one statement), {who}", "x"),
             Row(f"shapes:web:ratio_insert:{procs}", f"  ratio engine / raw INSERT, {who}",
                 "x"),
+            Row(f"shapes:web:ratio_notify:worker:{procs}", f"  ratio engine with a worker / "
+                f"raw INSERT+NOTIFY (one transaction), {who}", "x"),
+            Row(f"shapes:web:ratio_insert:worker:{procs}", f"  ratio engine with a worker / "
+                f"raw INSERT, {who}", "x"),
+            Row(f"shapes:web:asked:{procs}", f"  the worker's asks to be woken, {who}",
+                "asks"),
         ]
     for procs in o.shapes_web_procs[1:]:
         rows += [Row(f"shapes:web:{kind}:{procs}:scale", f"Shapes, web tier: {procs} "

@@ -13,8 +13,10 @@ public API and real worker processes, each beside a reference of the same round.
    against 0 idle targets of the same round.
 2. A web tier. P processes (``shapes_web_procs``: 1, 16, 64; forked from this one, all
    released by one barrier) each enqueue ``shapes_web_n / P`` jobs, one per commit
-   (``jobs_engine.enqueue`` in autocommit), of a no-op fast target; no worker runs (the
-   enqueue's NOTIFY is still sent). Beside them, in the same round, the same processes
+   (``jobs_engine.enqueue`` in autocommit), of a no-op fast target, with no worker
+   running, and again with one ``run_fast_lane`` serving an at-least-once no-op target (it
+   keeps up, so it sleeps and asks to be woken again and again; how often is counted).
+   Beside them, in the same round, the same processes
    doing raw psycopg ``INSERT`` into ``scale_raw`` (the job row's payload: id bigserial,
    payload jsonb, created_at timestamptz) in autocommit, and ``INSERT`` + ``SELECT
    pg_notify(...)`` in one transaction (and, as one more reference, both in one statement
@@ -59,13 +61,16 @@ from bench.harness import (
     clock_drain,
     dead_count,
     drain,
+    drained,
     fill,
+    partitions_balanced,
     payload,
     remaining,
     reset,
     running,
     shown,
     sql,
+    wait_for,
 )
 from bench.poll_cost import capture_sql, explain
 from bench.workloads import latency_run
@@ -383,7 +388,10 @@ def write_idle_plans(o: Options, plans: dict[int, str]) -> None:
 
 RAW_TABLE = "scale_raw"
 RAW_CHANNEL = "bench_scale_raw"
-WEB_KINDS = ("engine", "raw_insert", "raw_insert_notify", "raw_insert_notify_1")
+# engine_worker: the engine's enqueue while a fast-lane worker serves the rows (an
+# at-least-once no-op target it keeps up with, so it sleeps and asks to be woken often).
+WEB_KINDS = ("engine", "engine_worker", "raw_insert", "raw_insert_notify",
+             "raw_insert_notify_1")
 WEB_BARRIER_S = 120.0
 
 
@@ -399,11 +407,12 @@ def _web_child(kind: str, barrier: Any, n: int, params: dict[str, Any]) -> None:
     """One process of the web tier: connect and warm up (one row), wait for the others,
     then ``n`` rows, each its own commit."""
     try:
-        if kind == "engine":
-            enqueue(targets.AT_MOST_ONCE, payload(-1))
+        if kind in ("engine", "engine_worker"):
+            target = targets.AT_MOST_ONCE if kind == "engine" else targets.AT_LEAST_ONCE
+            enqueue(target, payload(-1))
             barrier.wait(WEB_BARRIER_S)
             for i in range(n):
-                enqueue(targets.AT_MOST_ONCE, payload(i))
+                enqueue(target, payload(i))
             connections.close_all()
             return
         import psycopg
@@ -431,13 +440,44 @@ def _web_child(kind: str, barrier: Any, n: int, params: dict[str, Any]) -> None:
         raise
 
 
-def web_run(kind: str, procs: int, per_proc: int) -> float:
+def job_ids_taken() -> int:
+    return sql(f"SELECT last_value FROM {store.JOBS}_id_seq")[0][0]
+
+
+def wakeups_asked() -> int:
+    return sql("SELECT COALESCE(pg_sequence_last_value('jobs_engine_waits_fast'), 0)")[0][0]
+
+
+def web_run(o: Options, kind: str, procs: int, per_proc: int) -> tuple[float, int]:
     """``procs`` processes of ``kind`` released together; jobs per second of wall time from
-    the barrier to the last one joined. The rows written are checked."""
+    the barrier to the last one joined, and how often a worker asked to be woken meanwhile.
+    The rows written are checked."""
     reset()
     sql(f"TRUNCATE {RAW_TABLE}")
     with contextlib.suppress(DatabaseError):
         sql("CHECKPOINT")  # each run starts without the last one's dirty pages
+    with contextlib.ExitStack() as stack:
+        ids_before = job_ids_taken()
+        if kind == "engine_worker":
+            workers = stack.enter_context(running(Workers(o, "run_fast_lane", 1,
+                                                          f"shapes-web-worker-{procs}")))
+            wait_for("every partition held", lambda: partitions_balanced(1), workers, 60)
+        asked = wakeups_asked()
+        rate = _web_rate(kind, procs, per_proc)
+        asked = wakeups_asked() - asked
+        if kind == "engine_worker":
+            wait_for("the rows handled", drained, workers, 120)
+    if kind.startswith("engine"):
+        stored = job_ids_taken() - ids_before
+    else:
+        stored = sql(f"SELECT COUNT(*) FROM {RAW_TABLE}")[0][0]
+    if stored != procs * (per_proc + 1):
+        raise RuntimeError(f"web tier {kind} x{procs}: {stored} rows, expected "
+                           f"{procs * (per_proc + 1)}")
+    return rate, asked
+
+
+def _web_rate(kind: str, procs: int, per_proc: int) -> float:
     params = raw_params()
     connections.close_all()  # a forked process must not share this one's connection
     ctx = multiprocessing.get_context("fork")
@@ -463,11 +503,6 @@ def web_run(kind: str, procs: int, per_proc: int) -> float:
     failed = [child.exitcode for child in children if child.exitcode != 0]
     if failed:
         raise RuntimeError(f"web tier {kind} x{procs}: processes exited {failed}")
-    table = store.JOBS if kind == "engine" else RAW_TABLE
-    stored = sql(f"SELECT COUNT(*) FROM {table}")[0][0]
-    if stored != procs * (per_proc + 1):
-        raise RuntimeError(f"web tier {kind} x{procs}: {stored} rows, expected "
-                           f"{procs * (per_proc + 1)}")
     return procs * per_proc / elapsed
 
 
@@ -480,16 +515,23 @@ def shape_web(o: Options, r: int) -> Metrics:
         for procs in o.shapes_web_procs:
             per_proc = o.shapes_web_n // procs
             for kind in turned(WEB_KINDS, r):
-                out[f"shapes:web:{kind}:{procs}"] = web_run(kind, procs, per_proc)
+                rate, asked = web_run(o, kind, procs, per_proc)
+                out[f"shapes:web:{kind}:{procs}"] = rate
+                if kind == "engine_worker":
+                    out[f"shapes:web:asked:{procs}"] = asked
             engine = out[f"shapes:web:engine:{procs}"]
+            served = out[f"shapes:web:engine_worker:{procs}"]
             for ratio, kind in (("ratio_notify", "raw_insert_notify"),
                                 ("ratio_notify_1", "raw_insert_notify_1"),
                                 ("ratio_insert", "raw_insert")):
                 out[f"shapes:web:{ratio}:{procs}"] = engine / out[f"shapes:web:{kind}:{procs}"]
+                out[f"shapes:web:{ratio}:worker:{procs}"] = (
+                    served / out[f"shapes:web:{kind}:{procs}"])
             print(f"    {procs} process(es) x {per_proc:,} commits: " + ", ".join(
                 f"{kind} {out[f'shapes:web:{kind}:{procs}']:,.0f}/s" for kind in WEB_KINDS)
-                + f"; engine / INSERT+NOTIFY {out[f'shapes:web:ratio_notify:{procs}']:.2f}x",
-                flush=True)
+                + f"; engine / INSERT+NOTIFY {out[f'shapes:web:ratio_notify:{procs}']:.2f}x, "
+                f"with a worker {out[f'shapes:web:ratio_notify:worker:{procs}']:.2f}x (it "
+                f"asked to be woken {out[f'shapes:web:asked:{procs}']:,.0f} times)", flush=True)
         base = o.shapes_web_procs[0]
         for procs in o.shapes_web_procs[1:]:
             for kind in WEB_KINDS:

@@ -7,13 +7,14 @@ runs before the first write, so a bad item leaves the database untouched.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from jobs_engine import store
@@ -30,6 +31,8 @@ MAX_DEDUPE_KEY_LENGTH = 255
 _COLUMN_KEY_LENGTH = 255
 _COLUMN_CODE_LENGTH = 200
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # Django's Tasks API uses the same range
+
+logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EnqueueResult:
@@ -194,7 +197,50 @@ def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: 
     ids = store.jobs_insert_payloads(
         target.name, target.name, target.lane._value_, target.delivery_mode._value_,
         f"[{payloads}]", settings.PARTITIONS, trace_id or None, actor, tenant, using)
+    if ids:
+        wake_workers({target.lane._value_}, settings, using)
     return [EnqueueResult(True, job_id) for job_id in ids]
+
+
+class _WakeAfterCommit:
+    """The after-commit wake-up of one transaction's enqueues: their lanes, one statement."""
+
+    __slots__ = ("lanes", "using")
+
+    def __init__(self, using: str | None) -> None:
+        self.lanes: set[str] = set()
+        self.using = using
+
+    def __call__(self) -> None:
+        try:
+            store.workers_wake(self.lanes, self.using)
+        except DatabaseError:  # committed: the workers find the rows at their next poll
+            logger.warning("enqueue committed but could not wake the workers of %s",
+                           ",".join(sorted(self.lanes)), exc_info=True)
+
+
+def wake_workers(lanes: set[str], settings: JobsSettings, using: str | None) -> None:
+    """Once the caller's transaction commits, wake the workers that wait on ``lanes``.
+
+    After the commit, not in it: a NOTIFY in the enqueue's transaction held a
+    database-wide lock through its commit, so enqueuing transactions committed one at a
+    time; and a worker only needs a wake-up while it sleeps (``store.workers_wake``). A
+    transaction Django does not manage (autocommit off, no ``atomic``) has no
+    after-commit hook: its NOTIFY rides it, as every enqueue's did before.
+    """
+    if not settings.NOTIFY or not store.is_postgres(using):
+        return
+    db = transaction.get_connection(using)
+    if not db.in_atomic_block and not db.get_autocommit():
+        store.workers_notify(lanes, using)
+        return
+    for _savepoints, callback, _robust in db.run_on_commit:
+        if isinstance(callback, _WakeAfterCommit):
+            callback.lanes |= lanes
+            return
+    wake = _WakeAfterCommit(using)
+    wake.lanes |= lanes
+    transaction.on_commit(wake, using=using)  # in autocommit: now
 
 
 def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
@@ -223,6 +269,8 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     # One statement: atomic on its own in autocommit, part of the caller's transaction
     # inside one (no savepoint needed, ON CONFLICT cannot fail it).
     inserted = store.jobs_insert_many(durable, timezone.now(), using) if durable else {}
+    if inserted:
+        wake_workers({row.lane for row in durable if row.dedupe_key in inserted}, settings, using)
     existing: dict[str, int] = {}
     missing = [row.dedupe_key for row in durable if row.dedupe_key not in inserted]
     if missing:

@@ -118,6 +118,7 @@ class Wakeup:
         self._listener: Any = None
         self._listen_failures = 0
         self._listen_again_at = 0.0
+        self.notified = False  # the last wait ended with a NOTIFY
         if self._listen:
             self._connect_listener()
 
@@ -175,6 +176,7 @@ class Wakeup:
 
     def wait(self, seconds: float) -> bool:
         """Sleep ``seconds`` at most; True when something woke the worker before then."""
+        self.notified = False
         if seconds <= 0 or self._stop.is_set():
             return False
         listener = self._listening()
@@ -189,7 +191,8 @@ class Wakeup:
             # After the read: a poke between the two leaves a byte for the next wait, where
             # clearing first could leave the flag set over an empty pipe and lose a poke.
             self._poked = False
-        if listener is not None and listener.fileno() in ready:
+        self.notified = listener is not None and listener.fileno() in ready
+        if self.notified:
             try:
                 drain_notifications(listener)
             except Exception as exc:
@@ -197,6 +200,11 @@ class Wakeup:
                     raise
                 self._listener_failed(exc)
         return bool(ready)
+
+    @property
+    def listening(self) -> bool:
+        """A NOTIFY can end the next wait (the LISTEN connection is up, or made again)."""
+        return self._listening() is not None
 
     def close(self) -> None:
         if self._listener is not None:
@@ -235,6 +243,7 @@ class WorkerProcess:
             else:
                 logger.warning("worker lane %s requested but no installed app serves it", lane)
         self.wakeup: Wakeup | None = None
+        self.notified_lanes = lanes & {Lane.FAST, Lane.LONG}  # the lanes enqueues wake
         self._heartbeat_ok_until = 0.0
         self._stop_beats = threading.Event()
         self.retention = RetentionService(self.settings)  # keep counts, DEAD_TTL_DAYS, unhandled
@@ -291,7 +300,19 @@ class WorkerProcess:
         # The poll answers a wake-up: the housekeeping that fell due while the worker slept
         # (the clock's reading, plans, walks, rescues) waits for the poll after it.
         woken = False
+        # Enqueues notify a lane only while one of its workers has asked them to
+        # (``store.wakeups_wanted``): a worker asks before it sleeps, then polls once more
+        # for what committed before it asked. ``asked_at``: when this worker last asked
+        # and no NOTIFY answered since.
+        asked_at: float | None = None
+        ask = checking = False
         while not self.wakeup.stopping:
+            if ask:
+                asked = self._survive("wake-up request",
+                                      functools.partial(store.wakeups_wanted, self.notified_lanes),
+                                      None)
+                asked_at = time.monotonic() if asked.ok else None
+                ask, checking = False, True
             delays = []
             handled_total = 0
             faulted = False
@@ -318,11 +339,22 @@ class WorkerProcess:
             if handled_total:  # a step that ran no statement must not end an outage
                 self._survive("statistics", functools.partial(
                     store.jobs_analyze_when_behind, handled_total), False)
-            idle = 0 if handled_total else idle + 1
+            idle = 0 if handled_total else idle + (not checking)  # the check is no idle poll
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)
+            checking = False
+            if (wait > 0 and not faulted and asked_at is None and self.notified_lanes
+                    and self.wakeup.listening):
+                ask, woken = True, False
+                continue
+            slept_through = not self.wakeup.wait(wait)
+            if self.wakeup.notified:
+                asked_at = None  # answered: ask again before the next sleep
+            elif (slept_through and asked_at is not None
+                  and time.monotonic() - asked_at >= self.settings.POLL_S):
+                ask = True  # a wake-up lost (its sender died before its commit) ends here
             # Never twice in a row: a worker woken again and again still keeps house.
-            woken = self.wakeup.wait(wait) and not woken
+            woken = not slept_through and not woken
 
     def _run_long(self, *, woken: bool) -> int:
         assert self.long is not None

@@ -96,6 +96,7 @@ __all__ = [
     "RETRIED",
     "TAKEOVER_PRESUMED_DEAD",
     "TAKEOVER_REASON",
+    "WAKE_FUNCTION",
     "WORKERS",
     "ClosedJob",
     "Done",
@@ -128,6 +129,9 @@ __all__ = [
     "jobs_long_reserve",
     "jobs_still_pending",
     "version_counter_next",
+    "wakeups_wanted",
+    "workers_notify",
+    "workers_wake",
 ]
 
 JOBS = JobTable._meta.db_table
@@ -143,8 +147,9 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-INSERT_ROWS_FUNCTION = "jobs_engine_insert_rows"  # migrations 0015, 0016 (tenants)
-INSERT_PAYLOADS_FUNCTION = "jobs_engine_insert_payloads"  # migrations 0014, 0016: payloads only
+INSERT_ROWS_FUNCTION = "jobs_engine_enqueue_rows"  # migration 0019 (0015, 0016 before it)
+INSERT_PAYLOADS_FUNCTION = "jobs_engine_enqueue_payloads"  # migration 0019: payloads only
+WAKE_FUNCTION = "jobs_engine_wake"  # migration 0019
 # The shard a session's appended statistics rows name (``JobStatShard``: where they came
 # from; the rows are never updated).
 STATS_SHARDS = 64
@@ -241,14 +246,14 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     of the rows inserted.
 
     ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the caller's
-    transaction. On PostgreSQL the statement also queues a NOTIFY per lane, delivered when
-    the caller's transaction commits. A new row of a key whose head
-    waits for a retry starts at the head's run time: it is held until then anyway, and
-    keeping held rows out of the due range keeps the fast poll's cost flat. Rows without a
-    key skip that lookup. On PostgreSQL the rows go through a function (migration 0015),
-    whose plan the session keeps. A batch whose dedupe keys were all made by enqueue
-    inserts without ``ON CONFLICT``: random keys conflict with nothing, and the arbiter's
-    check, speculative insert and confirmation were an eighth of the insert.
+    transaction (waking a worker is the caller's, after the commit: ``workers_wake``). A
+    new row of a key whose head waits for a retry starts at the head's run time: it is
+    held until then anyway, and keeping held rows out of the due range keeps the fast
+    poll's cost flat. Rows without a key skip that lookup. On PostgreSQL the rows go
+    through a function (migrations 0015, 0019), whose plan the session keeps. A batch
+    whose dedupe keys were all made by enqueue inserts without ``ON CONFLICT``: random
+    keys conflict with nothing, and the arbiter's check, speculative insert and
+    confirmation were an eighth of the insert.
     """
     if not rows:
         return {}
@@ -319,7 +324,7 @@ def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
 
     PostgreSQL only: the server makes each row's dedupe key, partition and, without
     ``trace_id``, trace id (migrations 0014, 0016), so a batch costs Python its payloads'
-    encoding and no more. The statement queues the lane's NOTIFY for the caller's commit."""
+    encoding and no more."""
     return [found[0] for found in fetch_insert(
         f"SELECT * FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, %s::jsonb, "
         "%s::jsonb, %s)",
@@ -341,6 +346,37 @@ def version_counter_next(key: str, using: str | None = None) -> int:
         f"INSERT INTO {COUNTERS} (key, value) VALUES (%s, 1) ON CONFLICT (key) "
         f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", [key], using,
     )[0][0]
+
+
+# -- wake-ups (PostgreSQL, migration 0019) ------------------------------------------------
+
+
+def _lane_sequence(kind: str, lane: str) -> str:
+    return f"jobs_engine_{kind}_{Lane(lane)._value_}"  # Lane(): only the engine's lanes
+
+
+def wakeups_wanted(lanes: Collection[str]) -> None:
+    """A worker about to sleep takes the next wait number of each of its lanes; the first
+    enqueue to commit after it sends the lane's NOTIFY (``workers_wake``). Taken before
+    the worker's last poll, so rows committed before it are found by that poll."""
+    fetch("SELECT " + ", ".join(f"nextval('{_lane_sequence('waits', lane)}')"
+                                for lane in sorted(lanes)))
+
+
+def workers_wake(lanes: Collection[str], using: str | None = None) -> int:
+    """After an enqueue's commit, in autocommit: NOTIFY each of ``lanes`` on which a worker
+    took a wait number no wake-up has answered yet; how many lanes were notified. Mostly a
+    read of two sequences: a busy worker is not woken, and sixteen commits at once do not
+    queue behind one NOTIFY lock."""
+    return fetch(f"SELECT {WAKE_FUNCTION}(%s::text[])",
+                 [[Lane(lane)._value_ for lane in sorted(lanes)]], using)[0][0]
+
+
+def workers_notify(lanes: Collection[str], using: str | None = None) -> None:
+    """NOTIFY ``lanes`` at the commit of the caller's transaction: for a transaction that
+    Django does not manage, which has no after-commit hook."""
+    for lane in sorted(lanes):
+        fetch("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, lane], using)
 
 
 # -- shared by the statements below -----------------------------------------------

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -395,13 +394,20 @@ def test_partition_is_stable_across_processes() -> None:
 # -- one statement --------------------------------------------------------------------------------
 
 
+def inserts_jobs(sql: str) -> bool:
+    """The statement inserts job rows: itself (SQLite) or through a function (PostgreSQL)."""
+    return any(text in sql for text in (f"INSERT INTO {Job._meta.db_table}",
+                                        store.INSERT_ROWS_FUNCTION,
+                                        store.INSERT_PAYLOADS_FUNCTION))
+
+
 @pytest.mark.django_db
 def test_enqueue_many_is_one_insert(fast: Target) -> None:
     items = [{"target": "t:fast", "payload": i, "key": f"k{i % 3}", "version": i}
              for i in range(50)]
     with CaptureQueriesContext(connection) as captured:
         results = enqueue_many(items)
-    inserts = [q["sql"] for q in captured.captured_queries if "INSERT" in q["sql"].upper()]
+    inserts = [q["sql"] for q in captured.captured_queries if inserts_jobs(q["sql"])]
     assert len(inserts) == 1, inserts
     assert all(r.inserted for r in results)
     assert count_jobs() == 50
@@ -582,7 +588,8 @@ def test_a_batch_stores_every_value_as_given(targets: Targets, now: datetime,
     with job_context("trace-1", {"user": "ä"}), CaptureQueriesContext(connection) as captured:
         results = enqueue_many(items)
     assert [r.inserted for r in results] == [True, True, True]
-    by_function = [store.INSERT_ROWS_FUNCTION in q["sql"] for q in captured.captured_queries]
+    by_function = [store.INSERT_ROWS_FUNCTION in q["sql"] for q in captured.captured_queries
+                   if store.WAKE_FUNCTION not in q["sql"]]  # the wake-up after the commit
     assert by_function == [is_postgres()]
     rows = {row.dedupe_key: row for row in Job.objects.all()}
     first, second, third = rows["d:1"], rows["d:2"], rows["d:3"]
@@ -738,8 +745,7 @@ def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
     duplicate = enqueue_many([{"target": "t:fast", "payload": 4, "key": key, "dedupe_key": "d"}])
 
     def insert_of(captured: CaptureQueriesContext) -> str:
-        texts = [q["sql"] for q in captured.captured_queries
-                 if "INSERT INTO" in q["sql"].upper() or "jobs_engine_insert_" in q["sql"]]
+        texts = [q["sql"] for q in captured.captured_queries if inserts_jobs(q["sql"])]
         assert len(texts) == 1, texts
         return texts[0]
 
@@ -959,51 +965,7 @@ def test_run_at_and_headers_are_stored(fast: Target) -> None:
     assert before - slack <= now_row.next_run_at <= after + slack
 
 
-# -- NOTIFY ---------------------------------------------------------------------------------------
-
-
-def _notified(listener: psycopg.Connection, timeout: float) -> list[tuple[str, str]]:
-    return [(n.channel, n.payload) for n in listener.notifies(timeout=timeout)]
-
-
-@TRANSACTIONAL
-def test_notify_only_after_commit(targets: Targets) -> None:
-    """PostgreSQL: workers are woken on commit, never by an open or rolled-back
-    transaction. SQLite has no NOTIFY: its insert must not try one."""
-    targets("t:fast")
-    targets("t:long", lane="long")
-    if not is_postgres():
-        with CaptureQueriesContext(connection) as captured:
-            enqueue("t:fast", 1)
-        assert captured.captured_queries
-        assert not any("notify" in q["sql"].lower() for q in captured.captured_queries)
-        assert count_jobs() == 1
-        return
-    with pg_connect(autocommit=True) as listener:
-        listener.execute(f"LISTEN {store.NOTIFY_CHANNEL}")
-        with transaction.atomic():
-            enqueue("t:fast", 1, dedupe_key="n:1")
-            enqueue("t:long", 2, dedupe_key="n:2")
-            assert _notified(listener, 0.5) == [], "NOTIFY delivered before commit"
-        assert sorted(_notified(listener, 2)) == [("jobs_engine", "fast"), ("jobs_engine", "long")]
-
-        with pytest.raises(Boom), transaction.atomic():
-            enqueue("t:fast", 3, dedupe_key="n:3")
-            raise Boom
-        assert _notified(listener, 0.5) == [], "NOTIFY delivered after a rollback"
-
-        assert enqueue("t:fast", 1, dedupe_key="n:1").inserted is False
-        assert _notified(listener, 0.5) == [], "a duplicate inserted nothing to wake for"
-
-        enqueue("t:fast", 4, dedupe_key="n:4")  # autocommit: woken at once
-        assert _notified(listener, 2) == [("jobs_engine", "fast")]
-
-        # A NOTIFY per row inserted, folded by PostgreSQL into one per lane at the commit.
-        enqueue_many([{"target": "t:fast", "payload": n, "key": f"k{n % 2}"} for n in range(5)]
-                     + [{"target": "t:long", "payload": n} for n in range(3)])
-        time.sleep(0.5)  # every notification of the commit has arrived
-        assert sorted(_notified(listener, 0.5)) == [("jobs_engine", "fast"),
-                                                    ("jobs_engine", "long")]
+# -- NOTIFY: tests/db/test_wake_after_commit.py -------------------------------------------
 
 
 # -- bad text never reaches the database ------------------------------------------------------

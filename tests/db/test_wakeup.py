@@ -9,16 +9,19 @@ was woken goes straight to the rows, and leaves what fell due meanwhile to the n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
+from django.db import connection
 
-from jobs_engine import store
+from jobs_engine import enqueue, store
 from jobs_engine.conf import load_settings
 from jobs_engine.lanes.worker import Wakeup, WorkerProcess
+from jobs_engine.registry import Target
 from jobs_engine.store import dialect, is_postgres
 from tests.db.test_enqueue import pg_connect
 
@@ -134,6 +137,9 @@ def test_the_poll_answering_a_wake_up_reads_the_table_size_it_has(
 class AlwaysWoken:
     """A ``Wakeup`` whose every wait is ended early, ``waits`` times, then stops."""
 
+    notified = False
+    listening = False  # no wake-up to ask for: the loop's asks are tested below
+
     def __init__(self, waits: int) -> None:
         self.waits = waits
         self.stopping = False
@@ -177,3 +183,105 @@ def test_a_pass_that_handed_rows_asks_whether_the_statistics_know_of_them(
                         lambda rows: asked.append(rows) or False)
     worker._loop()
     assert asked == [150]
+
+
+# -- asking for a wake-up -------------------------------------------------------------------
+
+
+def sequence_value(name: str) -> int:
+    with pg_connect(autocommit=True) as reader:
+        return reader.execute(f"SELECT COALESCE(pg_sequence_last_value('{name}'), 0)"
+                              ).fetchone()[0]
+
+
+@contextlib.contextmanager
+def looping(worker: WorkerProcess) -> Iterator[None]:
+    """``worker``'s loop in a thread of its own while the block runs."""
+    worker.start()
+
+    def loop() -> None:
+        try:
+            worker._loop()
+        finally:
+            assert worker.long is not None
+            worker.long.shutdown(wait=True)
+            connection.close()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        assert worker.wakeup is not None
+        worker.wakeup.stop()
+        thread.join(10)
+        worker.wakeup.close()
+    assert not thread.is_alive()
+
+
+def handled_at(calls: list[float], job_id: int, within: float) -> float:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and not calls:
+        time.sleep(0.01)
+    assert calls, f"job {job_id} not handled within {within} s"
+    return calls[0]
+
+
+def test_a_worker_asks_then_polls_once_more_before_it_sleeps(
+        targets: Callable[..., Target], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job committed after the worker's last poll but before its ask found no ask to
+    answer: the poll after the ask finds it, long before the worker's 5 s sleep ends."""
+    if not is_postgres():
+        assert sleeps_without_listener(Wakeup(listen=True))
+        return
+    calls: list[float] = []
+    targets("t:long", lambda job: calls.append(time.monotonic()), lane="long")
+    worker = WorkerProcess({"long"}, load_settings({"IDLE_POLL_S": [5], "POLL_S": 5}, environ={}))
+    real_ask = store.wakeups_wanted
+    enqueued: list[tuple[int, float]] = []
+
+    def enqueue_then_ask(lanes: set[str]) -> None:
+        if not enqueued:  # from another connection, as a web process would, just before
+            def web() -> None:
+                enqueued.append((enqueue("t:long", 1).job_id, time.monotonic()))
+                connection.close()
+            thread = threading.Thread(target=web)
+            thread.start()
+            thread.join()
+        real_ask(lanes)
+
+    monkeypatch.setattr(store, "wakeups_wanted", enqueue_then_ask)
+    with looping(worker):
+        deadline = time.monotonic() + 5
+        while not enqueued and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [(job_id, committed)] = enqueued
+        assert handled_at(calls, job_id, within=3) - committed < 1, "found at the sleep's end"
+
+
+def test_a_worker_whose_wake_up_was_lost_asks_again_after_its_sleep(
+        targets: Callable[..., Target]) -> None:
+    """A waker that took the worker's ask but died before its NOTIFY's commit leaves the
+    ask answered and the worker asleep: the worker asks again after that sleep, so the next
+    enqueue wakes it instead of its next timed poll."""
+    if not is_postgres():
+        assert sleeps_without_listener(Wakeup(listen=True))
+        return
+    calls: list[float] = []
+    targets("t:long", lambda job: calls.append(time.monotonic()), lane="long")
+    worker = WorkerProcess({"long"}, load_settings({"IDLE_POLL_S": [2], "POLL_S": 1},
+                                                   environ={}))
+    with looping(worker):
+        deadline = time.monotonic() + 5
+        while sequence_value("jobs_engine_waits_long") == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # asleep
+        with pg_connect(autocommit=True) as waker:  # took the ask, sent nothing
+            waker.execute("SELECT setval('jobs_engine_wakes_long', "
+                          "pg_sequence_last_value('jobs_engine_waits_long'))")
+        time.sleep(2.4)  # the sleep ended: asked again, asleep again until about 4 s
+        assert (sequence_value("jobs_engine_waits_long")
+                > sequence_value("jobs_engine_wakes_long")), "no new ask after the sleep"
+        committed = time.monotonic()
+        job_id = enqueue("t:long", 1).job_id
+        assert handled_at(calls, job_id, within=3) - committed < 1, "not woken by the NOTIFY"
