@@ -198,29 +198,35 @@ def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: 
         target.name, target.name, target.lane._value_, target.delivery_mode._value_,
         f"[{payloads}]", settings.PARTITIONS, trace_id or None, actor, tenant, using)
     if ids:
-        wake_workers({target.lane._value_}, settings, using)
+        wake_workers(target.lane._value_, {target.name}, settings, using)
     return [EnqueueResult(True, job_id) for job_id in ids]
 
 
 class _WakeAfterCommit:
-    """The after-commit wake-up of one transaction's enqueues: their lanes, one statement."""
+    """The after-commit wake-up of one transaction's enqueues: their lanes and targets, one
+    statement."""
 
-    __slots__ = ("lanes", "using")
+    __slots__ = ("targets_by_lane", "using")
 
     def __init__(self, using: str | None) -> None:
-        self.lanes: set[str] = set()
+        self.targets_by_lane: dict[str, set[str]] = {}
         self.using = using
+
+    def add(self, lane: str, targets: set[str]) -> None:
+        self.targets_by_lane.setdefault(lane, set()).update(targets)
 
     def __call__(self) -> None:
         try:
-            store.workers_wake(self.lanes, self.using)
+            store.workers_wake(self.targets_by_lane, self.using)
         except DatabaseError:  # committed: the workers find the rows at their next poll
             logger.warning("enqueue committed but could not wake the workers of %s",
-                           ",".join(sorted(self.lanes)), exc_info=True)
+                           ",".join(sorted(self.targets_by_lane)), exc_info=True)
 
 
-def wake_workers(lanes: set[str], settings: JobsSettings, using: str | None) -> None:
-    """Once the caller's transaction commits, wake the workers that wait on ``lanes``.
+def wake_workers(lane: str, targets: set[str], settings: JobsSettings, using: str | None
+                 ) -> None:
+    """Once the caller's transaction commits, wake the workers that wait on ``lane`` for
+    ``targets``.
 
     After the commit, not in it: a NOTIFY in the enqueue's transaction held a
     database-wide lock through its commit, so enqueuing transactions committed one at a
@@ -232,14 +238,14 @@ def wake_workers(lanes: set[str], settings: JobsSettings, using: str | None) -> 
         return
     db = transaction.get_connection(using)
     if not db.in_atomic_block and not db.get_autocommit():
-        store.workers_notify(lanes, using)
+        store.workers_notify([lane], using)
         return
     for _savepoints, callback, _robust in db.run_on_commit:
         if isinstance(callback, _WakeAfterCommit):
-            callback.lanes |= lanes
+            callback.add(lane, targets)
             return
     wake = _WakeAfterCommit(using)
-    wake.lanes |= lanes
+    wake.add(lane, targets)
     transaction.on_commit(wake, using=using)  # in autocommit: now
 
 
@@ -269,8 +275,9 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     # One statement: atomic on its own in autocommit, part of the caller's transaction
     # inside one (no savepoint needed, ON CONFLICT cannot fail it).
     inserted = store.jobs_insert_many(durable, timezone.now(), using) if durable else {}
-    if inserted:
-        wake_workers({row.lane for row in durable if row.dedupe_key in inserted}, settings, using)
+    for lane in {row.lane for row in durable if row.dedupe_key in inserted}:
+        wake_workers(lane, {row.target for row in durable
+                            if row.lane == lane and row.dedupe_key in inserted}, settings, using)
     existing: dict[str, int] = {}
     missing = [row.dedupe_key for row in durable if row.dedupe_key not in inserted]
     if missing:

@@ -20,13 +20,17 @@ mark statement of its own, and neither does an idle worker woken for one at-most
 A database fault does not lose what was sent: the poll's results wait (``Unwritten``) and
 are written before anything else is polled (docs/design.md#database-outages).
 
-A target whose whole window of a poll was handed is read from after that window at the
-next poll (a cursor, ``store.jobs_fast_due``), less ``CURSOR_LAG_S``, so a poll does not
-walk again the rows its predecessors handed and deleted: while another session holds an
-old snapshot, PostgreSQL can neither remove them nor mark their index entries dead, and a
-drain slowed with every poll. A read from the first due row comes at least every
-``POLL_S``, at a wake-up, and when the worker's partitions change: a row whose transaction
-committed more than ``CURSOR_LAG_S`` after it began, behind a cursor, waits for it.
+Which targets a poll reads, and from where (``Reads``): a registered target that receives
+nothing costs a poll nothing. A poll reads the targets the last poll found rows of, and the
+others only when an enqueue has committed rows of the lane since (``store.ENQUEUES_FAST``);
+a poll answering a wake-up, those and the targets its notifications name. A target whose
+whole window was handed is read from after it at its next read (its cursor, less the lag
+band ``CURSOR_LAG``), so a poll does not walk again the rows its predecessors handed and
+deleted: while another session holds an old snapshot, PostgreSQL can neither remove them
+nor mark their index entries dead, and a drain slowed with every poll. Once a ``POLL_S``,
+and whenever the worker's partitions change, a poll reads every target from its first due
+row (a deep read): a row behind a cursor (its transaction committed more than
+``CURSOR_LAG`` after it began) or of a target nothing pointed to waits for it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from itertools import groupby
+from typing import NamedTuple
 
 from django.db import transaction
 
@@ -62,6 +67,8 @@ _AT_LEAST_ONCE = DeliveryMode.AT_LEAST_ONCE.value
 # How far before its last window a target's next read starts: rows whose transaction began
 # that much before another's committed are still read in order (``FastLane``).
 CURSOR_LAG = timedelta(seconds=0.1)
+# How long a target a poll found rows of is read at every poll (``Reads``).
+ACTIVE_S = 60.0
 
 
 def takes_whole_poll(target: Target | None) -> bool:
@@ -83,6 +90,82 @@ def sends_of(jobs: Sequence[Job], targets: dict[str, Target | None], rows_per_se
             sends += [group_jobs[i:i + rows_per_send]
                       for i in range(0, len(group_jobs), rows_per_send)]
     return sends
+
+
+class Read(NamedTuple):
+    """What one poll reads (``Reads.plan``): the targets and their limits, their cursors,
+    those read whatever was enqueued, and the enqueue count that lets the others be
+    skipped (``store.jobs_fast_due``)."""
+
+    limits: dict[str, int]
+    after: dict[str, store.Cursor]
+    always: frozenset[str]
+    enqueues_seen: int
+    deep: bool
+
+
+class Reads:
+    """Which targets a worker's polls read, and from where (see the module docstring).
+
+    ``_active``: the targets a poll found rows of in the last ``ACTIVE_S``, with the time
+    they stop being read at every poll: a row retried, a pause's probe, a row due later
+    come up among them as soon as they are due. ``_enqueues``: the enqueue count as the
+    last two polls read it; a poll reads its other targets when the count moved since the
+    older of the two. The older, because a count taken by an enqueue after its commit may
+    be read by a poll whose snapshot began before that commit: the poll after it sees the
+    rows.
+    """
+
+    def __init__(self, poll_s: float, monotonic: Callable[[], float]) -> None:
+        self.poll_s = poll_s
+        self._monotonic = monotonic
+        self.cursors: dict[str, store.Cursor] = {}
+        self._cursors_held: list[int] = []  # the partitions the cursors were made in
+        self._active: dict[str, float] = {}
+        self._enqueues: tuple[int | None, int | None] = (None, None)
+        self._next_deep_read = 0.0
+
+    @property
+    def active(self) -> frozenset[str]:
+        now = self._monotonic()
+        self._active = {name: until for name, until in self._active.items() if until > now}
+        return frozenset(self._active)
+
+    def plan(self, held: list[int], limits: dict[str, int], *, woken: bool,
+             named: frozenset[str] | None) -> Read:
+        if held != self._cursors_held:  # rows of partitions new to this worker: from the top
+            self.cursors, self._cursors_held = {}, held
+            self._next_deep_read = 0.0
+        if woken:
+            wanted = (self.active | named) if named is not None else frozenset(limits)
+            listed = {name: n for name, n in limits.items() if name in wanted}
+            return Read(listed, self.cursors, frozenset(listed), store.READ_ALL, deep=False)
+        if self._monotonic() >= self._next_deep_read:
+            self._next_deep_read = self._monotonic() + self.poll_s
+            return Read(limits, {}, frozenset(limits), store.READ_ALL, deep=True)
+        older = self._enqueues[0]
+        return Read(limits, self.cursors, self.active,
+                    store.READ_ALL if older is None else older, deep=False)
+
+    def found(self, poll: store.FastPoll) -> None:
+        """After a read: its targets are active, and its enqueue count the newest."""
+        until = self._monotonic() + ACTIVE_S
+        self._active.update((job.target, until) for job in poll.jobs)
+        self._enqueues = (self._enqueues[1], poll.enqueues)
+
+    def handed(self, poll: store.FastPoll, limits: dict[str, int],
+               results: Sequence[RunResult]) -> None:
+        """After a poll's outcomes were written: a target whose window was full and every
+        row of it handed and written (not given back by a pause) is read from after its
+        last row next time. Any other target keeps its cursor: its read began there, and
+        what it did not hand (a later version of a key, not a head; a pause) lies after
+        it."""
+        written = {r.job.id for r in results if r.outcome.kind is not OutcomeKind.PAUSED}
+        read = Counter(job.target for job in poll.jobs)
+        unhanded = {job.target for job in poll.jobs if job.id not in written}
+        for target, (at, last_id) in poll.last_read.items():
+            if read[target] == limits.get(target) and target not in unhanded:
+                self.cursors[target] = store.Cursor(at - CURSOR_LAG, at, last_id)
 
 
 @dataclass
@@ -107,12 +190,7 @@ class FastLane:
         self.pauses = pauses
         self._monotonic = monotonic
         self._time = DatabaseTime(store.db_now, monotonic)
-        self._next_backlog_walk = 0.0  # monotonic time of the next whole-backlog walk
-        # Targets' cursors (where their next read starts), for the partitions they were
-        # made with, and when the next read from the first due row is due.
-        self._after: dict[str, tuple[datetime, int]] = {}
-        self._after_held: list[int] = []
-        self._next_full_read = 0.0
+        self.reads = Reads(settings.POLL_S, monotonic)
         # Polls whose outcomes a database fault kept from being written, by token (the main
         # thread writes them; the heartbeat thread reads the tokens).
         self._unwritten: dict[str, Unwritten] = {}
@@ -120,14 +198,16 @@ class FastLane:
         # A partition the heartbeat takes back with one of these marks is this lane's own.
         leases.own_unwritten = self.unwritten_tokens
 
-    def run_once(self, now: datetime | None = None, *, woken: bool = False) -> int:
+    def run_once(self, now: datetime | None = None, *, woken: bool = False,
+                 named: frozenset[str] | None = None) -> int:
         """One poll and its sends; returns the number of rows handed to targets.
 
         Outcomes a database fault kept from being written are written first; until they
         are, nothing is polled (a poll would re-read the rows still in this worker's
         in-flight marks, and its marks would overwrite them). A poll answering a wake-up
-        (``woken``) leaves the clock's reading and the backlog walk that fell due to the
-        next poll: the woken row is sent first.
+        (``woken``) reads the targets its notifications ``named`` (None: every target) and
+        leaves the clock's reading, the deep read and the backlog walk that fell due to
+        the next poll: the woken row is sent first.
         """
         self.write_unwritten()
         held = self.leases.held()
@@ -143,18 +223,20 @@ class FastLane:
         if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
             limits = {name: min(n, store.WOKEN_POLL_ROWS) for name, n in limits.items()}
         per_row = [t.name for t in fast if not takes_whole_poll(t)]
-        after = self._cursors(held, woken)
+        read = self.reads.plan(held, limits, woken=woken, named=named)
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.
         poll_out = Unwritten(uuid.uuid4().hex)
-        self._after = {}  # a poll that fails halfway leaves no cursor behind
         try:
-            poll = store.jobs_fast_poll(held, now, limits, owner=self.worker_id,
+            poll = store.jobs_fast_poll(held, now, read.limits, owner=self.worker_id,
                                         token=poll_out.token, per_row=per_row,
                                         per_row_send=self.settings.FAST_MARK_ROWS,
                                         flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
-                                        after=after)
-            walk = self._backlog_heads(held, now, limits, poll.jobs, defer=woken)
+                                        after=read.after, always=read.always,
+                                        enqueues_seen=read.enqueues_seen)
+            self.reads.found(poll)
+            walk = (self._backlog_heads(held, now, limits, poll.jobs) if read.deep
+                    else store.FastPoll([]))
             jobs, _, poll_out.probes = self.pauses.probe_rows(
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
             if not jobs:  # unsent rows stay PENDING
@@ -170,47 +252,19 @@ class FastLane:
                 self._keep_unwritten(poll_out)
             raise
         self._write(poll_out, clock())
-        self._after = self._cursors_after(poll, limits, poll_out.results)
+        self.reads.handed(poll, read.limits, poll_out.results)
         return len(poll_out.results)
 
-    # -- cursors ----------------------------------------------------------------------------
-
-    def _cursors(self, held: list[int], woken: bool) -> dict[str, tuple[datetime, int]]:
-        """Where each target's read starts: after its cursor, or at its first due row for
-        every target at a wake-up, when the partitions changed, and once a ``POLL_S``."""
-        monotonic = self._monotonic()
-        if woken or held != self._after_held or monotonic >= self._next_full_read:
-            self._after_held = held
-            self._next_full_read = monotonic + self.settings.POLL_S
-            return {}
-        return self._after
-
     @staticmethod
-    def _cursors_after(poll: store.FastPoll, limits: dict[str, int],
-                       results: Sequence[RunResult]) -> dict[str, tuple[datetime, int]]:
-        """The cursors a poll leaves: for each target whose window was full and every row
-        of it handed and written (not given back by a pause), its last row's run time less
-        ``CURSOR_LAG``. A window with fewer rows reached the end of the target's due rows,
-        or left a later version of a key out (not a head): read from the first row again."""
-        written = {r.job.id for r in results if r.outcome.kind is not OutcomeKind.PAUSED}
-        read = Counter(job.target for job in poll.jobs)
-        unhanded = {job.target for job in poll.jobs if job.id not in written}
-        return {target: (at - CURSOR_LAG, 0) for target, (at, _) in poll.last_read.items()
-                if read[target] == limits.get(target) and target not in unhanded}
-
-    def _backlog_heads(self, held: list[int], now: datetime, limits: dict[str, int],
-                       jobs: list[Job], *, defer: bool) -> store.FastPoll:
-        """Heads from the whole due backlog of the targets the poll read nothing of, at
-        most once per POLL_S: a window without a head (``store.jobs_fast_due``) would
-        stall its target, and the walk reads that target's whole backlog. ``defer``: a
-        walk that fell due waits for the next poll."""
-        if defer or self._monotonic() < self._next_backlog_walk:
-            return store.FastPoll([])
+    def _backlog_heads(held: list[int], now: datetime, limits: dict[str, int],
+                       jobs: list[Job]) -> store.FastPoll:
+        """Heads from the whole due backlog of the targets a deep read read nothing of (once
+        a POLL_S): a window without a head (``store.jobs_fast_due``) would stall its
+        target, and the walk reads that target's whole backlog."""
         found = {job.target for job in jobs}
         missing = {name: limit for name, limit in limits.items() if name not in found}
         if not missing:
             return store.FastPoll([])
-        self._next_backlog_walk = self._monotonic() + self.settings.POLL_S
         return store.jobs_fast_due(held, now, missing, whole_backlog=True)
 
     # -- outcomes kept through a database fault -----------------------------------------

@@ -82,8 +82,8 @@ def next_poll_delay(handled: int, idle_polls: int, settings: JobsSettings) -> fl
     return settings.IDLE_POLL_S[min(idle_polls, len(settings.IDLE_POLL_S) - 1)]
 
 
-def drain_notifications(listener: Any) -> None:
-    """Read and drop what the LISTEN connection received: any notification means "poll".
+def drain_notifications(listener: Any) -> list[str]:
+    """The payloads of what the LISTEN connection received (``store.wake_payload``).
 
     Through libpq itself: psycopg's ``notifies()`` generator (its lock, its deadline, a
     ``Notify`` per message) took 50-70 µs of an idle worker's wake-up, a twentieth of
@@ -92,8 +92,10 @@ def drain_notifications(listener: Any) -> None:
     """
     pgconn = listener.pgconn
     pgconn.consume_input()
-    while pgconn.notifies() is not None:
-        pass
+    payloads = []
+    while (notification := pgconn.notifies()) is not None:
+        payloads.append(notification.extra.decode(errors="replace"))
+    return payloads
 
 
 class Wakeup:
@@ -119,6 +121,8 @@ class Wakeup:
         self._listen_failures = 0
         self._listen_again_at = 0.0
         self.notified = False  # the last wait ended with a NOTIFY
+        # The fast-lane targets its notifications named (None: every target).
+        self.named: frozenset[str] | None = frozenset()
         if self._listen:
             self._connect_listener()
 
@@ -177,6 +181,7 @@ class Wakeup:
     def wait(self, seconds: float) -> bool:
         """Sleep ``seconds`` at most; True when something woke the worker before then."""
         self.notified = False
+        self.named = frozenset()
         if seconds <= 0 or self._stop.is_set():
             return False
         listener = self._listening()
@@ -194,7 +199,7 @@ class Wakeup:
         self.notified = listener is not None and listener.fileno() in ready
         if self.notified:
             try:
-                drain_notifications(listener)
+                self.named = store.wake_targets(drain_notifications(listener))
             except Exception as exc:
                 if not is_database_fault(exc):
                     raise
@@ -318,12 +323,13 @@ class WorkerProcess:
             faulted = False
             store.poll_woken(woken)
             if time.monotonic() < self._heartbeat_ok_until:
-                steps = ((Lane.FAST, self.fast.run_once), (Lane.LONG, self._run_long))
+                steps = ((Lane.FAST, functools.partial(
+                    self.fast.run_once, woken=woken, named=self.wakeup.named)),
+                         (Lane.LONG, functools.partial(self._run_long, woken=woken)))
                 for lane, run_once in steps:
                     if lane not in self.lanes:
                         continue
-                    step = self._survive(f"{lane} lane poll",
-                                         functools.partial(run_once, woken=woken), 0)
+                    step = self._survive(f"{lane} lane poll", run_once, 0)
                     faulted |= step.database_fault
                     handled_total += step.value
                     delays.append(next_poll_delay(step.value, idle, self.settings))

@@ -12,6 +12,10 @@ did alone. Now:
 - after the enqueue's commit, ``jobs_engine_wake`` notifies a lane whose waits number is
   past its ``jobs_engine_wakes_<lane>`` (and moves that one up): one notification per
   wait, sent by a transaction of its own whose commit does not wait for the WAL flush.
+  The notification names the fast-lane targets of the commit (``fast:<JSON list>``), so
+  the poll that answers it reads those; and the statement counts the commits of fast-lane
+  rows (``jobs_engine_enqueues_fast``, counted by the insert too), so a busy worker reads
+  its other targets only when rows may have come for them.
 
 Read after the commit, a wait number is either seen, and answered, or taken after the
 rows were committed, and the poll that follows it finds them. Sequences, because they are
@@ -50,6 +54,10 @@ LANGUAGE plpgsql
 SET enable_sort = off
 AS $$
 BEGIN
+    -- Counted at the insert too (the count after the commit may never come: a test's
+    -- transaction, one Django does not manage); any lane's rows: one count is cheaper
+    -- than finding out.
+    PERFORM nextval('jobs_engine_enqueues_fast');
     IF arbiter THEN
         RETURN QUERY WITH inserted AS ({_INSERT_ROWS}
         ON CONFLICT (dedupe_key) DO NOTHING
@@ -93,12 +101,15 @@ BEGIN
         ORDER BY r.n
         RETURNING j.id)
     SELECT inserted.id FROM inserted ORDER BY inserted.id;
+    IF p_lane = 'fast' THEN
+        PERFORM nextval('jobs_engine_enqueues_fast');  -- as jobs_engine_enqueue_rows
+    END IF;
 END
 $$
 """
 
 WAKE = """
-CREATE OR REPLACE FUNCTION jobs_engine_wake(p_lanes text[])
+CREATE OR REPLACE FUNCTION jobs_engine_wake(p_lanes text[], p_payloads text[])
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -106,20 +117,23 @@ DECLARE
     waits bigint;
     notified integer := 0;
 BEGIN
-    FOREACH lane IN ARRAY p_lanes LOOP
+    -- Called on its own after the enqueue's commit, and writes nothing but sequences and
+    -- notifications: a crash can lose a wake-up or a count, never a job, so its commit
+    -- need not wait for the WAL flush (nor hold the notification lock through it).
+    PERFORM set_config('synchronous_commit', 'off', true);
+    FOR i IN 1 .. coalesce(array_length(p_lanes, 1), 0) LOOP
+        lane := p_lanes[i];
+        IF lane = 'fast' THEN
+            PERFORM nextval('jobs_engine_enqueues_fast');
+        END IF;
         waits := COALESCE(pg_sequence_last_value(('jobs_engine_waits_' || lane)::regclass), 0);
         IF waits > COALESCE(
                 pg_sequence_last_value(('jobs_engine_wakes_' || lane)::regclass), 0) THEN
             PERFORM setval(('jobs_engine_wakes_' || lane)::regclass, waits);
-            PERFORM pg_notify('jobs_engine', lane);
+            PERFORM pg_notify('jobs_engine', p_payloads[i]);
             notified := notified + 1;
         END IF;
     END LOOP;
-    IF notified > 0 THEN
-        -- Called on its own after the enqueue's commit: a crash can lose a wake-up, never a
-        -- job, so this commit need not wait for the WAL flush (nor hold the lock through it).
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
     RETURN notified;
 END
 $$
@@ -131,6 +145,7 @@ def create(apps, schema_editor):  # noqa: ARG001
         for lane in LANES:
             schema_editor.execute(f"CREATE SEQUENCE IF NOT EXISTS jobs_engine_waits_{lane}")
             schema_editor.execute(f"CREATE SEQUENCE IF NOT EXISTS jobs_engine_wakes_{lane}")
+        schema_editor.execute("CREATE SEQUENCE IF NOT EXISTS jobs_engine_enqueues_fast")
         schema_editor.execute(ENQUEUE_ROWS)
         schema_editor.execute(ENQUEUE_PAYLOADS)
         schema_editor.execute(WAKE)
@@ -138,7 +153,8 @@ def create(apps, schema_editor):  # noqa: ARG001
 
 def drop(apps, schema_editor):  # noqa: ARG001
     if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute("DROP FUNCTION IF EXISTS jobs_engine_wake(text[])")
+        schema_editor.execute("DROP FUNCTION IF EXISTS jobs_engine_wake(text[], text[])")
+        schema_editor.execute("DROP SEQUENCE IF EXISTS jobs_engine_enqueues_fast")
         schema_editor.execute("DROP FUNCTION IF EXISTS jobs_engine_enqueue_rows(jsonb, boolean)")
         schema_editor.execute("DROP FUNCTION IF EXISTS jobs_engine_enqueue_payloads("
                               "text, text, text, text, integer, text, jsonb, jsonb, text)")

@@ -14,6 +14,7 @@ liveness, in-flight marks, target pauses) is in ``leases``.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ from jobs_engine.store.dialect import (
     for_share,
     greatest,
     in_,
+    instant_array,
+    int_array,
     is_postgres,
     json_append,
     json_dt,
@@ -62,6 +65,7 @@ from jobs_engine.store.dialect import (
     session_shard,
     skip_locked,
     table,
+    text_array,
     values_,
     writable_ctes,
 )
@@ -75,6 +79,7 @@ __all__ = [
     "DONE_KEPT",
     "DONE_NOT_KEPT",
     "ENQUEUE",
+    "ENQUEUES_FAST",
     "FLOWS",
     "FLOW_STEPS",
     "FLOW_STEP_KEY_PREFIX",
@@ -88,6 +93,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "PARTITIONS",
     "PAUSES",
+    "READ_ALL",
     "RELEASE_REASON",
     "RESCUE_PRESUMED_DEAD",
     "RESCUE_REASON",
@@ -97,8 +103,10 @@ __all__ = [
     "TAKEOVER_PRESUMED_DEAD",
     "TAKEOVER_REASON",
     "WAKE_FUNCTION",
+    "WAKE_PAYLOAD_MAX",
     "WORKERS",
     "ClosedJob",
+    "Cursor",
     "Done",
     "FastPoll",
     "Guard",
@@ -129,6 +137,8 @@ __all__ = [
     "jobs_long_reserve",
     "jobs_still_pending",
     "version_counter_next",
+    "wake_payload",
+    "wake_targets",
     "wakeups_wanted",
     "workers_notify",
     "workers_wake",
@@ -363,18 +373,57 @@ def wakeups_wanted(lanes: Collection[str]) -> None:
                                 for lane in sorted(lanes)))
 
 
-def workers_wake(lanes: Collection[str], using: str | None = None) -> int:
-    """After an enqueue's commit, in autocommit: NOTIFY each of ``lanes`` on which a worker
-    took a wait number no wake-up has answered yet; how many lanes were notified. Mostly a
-    read of two sequences: a busy worker is not woken, and sixteen commits at once do not
-    queue behind one NOTIFY lock."""
-    return fetch(f"SELECT {WAKE_FUNCTION}(%s::text[])",
-                 [[Lane(lane)._value_ for lane in sorted(lanes)]], using)[0][0]
+def workers_wake(targets_by_lane: Mapping[str, Collection[str]], using: str | None = None
+                 ) -> int:
+    """After an enqueue's commit, in autocommit: count a commit of fast-lane rows
+    (``ENQUEUES_FAST``), and NOTIFY each lane on which a worker took a wait number no
+    wake-up has answered yet; how many lanes were notified. Mostly a read of sequences: a
+    busy worker is not woken, and sixteen commits at once do not queue behind one NOTIFY
+    lock. A fast-lane notification names the commit's targets (``wake_payload``)."""
+    lanes = sorted(targets_by_lane)
+    return fetch(f"SELECT {WAKE_FUNCTION}(%s::text[], %s::text[])",
+                 [text_array([Lane(lane)._value_ for lane in lanes]),
+                  text_array([wake_payload(lane, targets_by_lane[lane]) for lane in lanes])],
+                 using)[0][0]
+
+
+# A notification's payload stays well under PostgreSQL's 8,000 bytes: past this many, it
+# names no target (the poll answering it reads every one).
+WAKE_PAYLOAD_MAX = 4000
+
+
+def wake_payload(lane: str, targets: Collection[str]) -> str:
+    """A lane's NOTIFY payload: ``fast:["a","b"]`` names the fast-lane targets the poll
+    answering it reads; the lane alone, every target (a release before this one sends
+    that too)."""
+    if lane != Lane.FAST or not targets:
+        return lane
+    named = f"{lane}:{json.dumps(sorted(targets), separators=(',', ':'))}"
+    return named if len(named) <= WAKE_PAYLOAD_MAX else lane
+
+
+def wake_targets(payloads: Sequence[str]) -> frozenset[str] | None:
+    """The fast-lane targets ``payloads`` name (``wake_payload``); None: every target."""
+    named: set[str] = set()
+    for payload in payloads:
+        lane, _, listed = payload.partition(":")
+        if lane != Lane.FAST:
+            continue
+        if not listed:
+            return None
+        try:
+            targets = json.loads(listed)
+        except ValueError:
+            return None
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            return None
+        named.update(targets)
+    return frozenset(named)
 
 
 def workers_notify(lanes: Collection[str], using: str | None = None) -> None:
-    """NOTIFY ``lanes`` at the commit of the caller's transaction: for a transaction that
-    Django does not manage, which has no after-commit hook."""
+    """NOTIFY ``lanes`` at the commit of the caller's transaction, naming no target: for a
+    transaction that Django does not manage, which has no after-commit hook."""
     for lane in sorted(lanes):
         fetch("SELECT pg_notify(%s, %s)", [NOTIFY_CHANNEL, lane], using)
 
@@ -509,130 +558,124 @@ def inflight_clear(token: str) -> None:
 # -- fast lane ----------------------------------------------------------------------------
 
 
-# The planner's row count of the jobs table from which the fast poll's window limit is
-# written into its text (``_fast_heads_sql``).
-LIMIT_IN_TEXT_FROM_ROWS = 100_000
+class Cursor(NamedTuple):
+    """Where a target's next read starts (``FastLane``): the rows after ``(at, id)``, the
+    last row of a window its worker handed, and before them the rows due in the lag band
+    ``(band_from, at)``, which a transaction that began earlier may have committed since.
+    Rows before the band were handed and deleted: while another session holds an old
+    snapshot their index entries cannot be marked dead, and each read from the first due
+    row walked every one of them again."""
+
+    band_from: datetime
+    at: datetime
+    id: int
 
 
-# Where a target's window starts without a cursor: before any row.
-BEGINNING = (datetime(1, 1, 1, tzinfo=UTC), 0)
+# The enqueues of fast-lane rows so far: every enqueue's statement after its commit takes
+# the next number (``workers_wake``, migration 0019), so a poll that reads the same number
+# as two polls before it knows no idle target has received a row since.
+ENQUEUES_FAST = "jobs_engine_enqueues_fast"
+READ_ALL = -1  # ``enqueues_seen`` for a read of every target
 
 
 def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
-                    whole_backlog: bool = False,
-                    after: Mapping[str, tuple[datetime, int]] | None = None
+                    whole_backlog: bool = False, after: Mapping[str, Cursor] | None = None,
+                    always: Collection[str] = (), enqueues_seen: int = READ_ALL
                     ) -> tuple[str, list[Any]]:
-    """The heads of each target in ``limits`` that is not paused: ``_JOB_COLUMNS``,
-    ``next_run_at`` and ``probe`` (the target's pause ran out: one of its rows may go as
-    the probe, ``PauseGate.probe_rows``).
+    """The heads of the targets in ``limits`` that are not paused: ``_JOB_COLUMNS``,
+    ``next_run_at``, ``probe`` (the target's pause ran out: one of its rows may go as the
+    probe, ``PauseGate.probe_rows``) and ``enqueues`` (``ENQUEUES_FAST`` as read, or NULL).
 
     A target's heads are those among its first ``limit`` due rows (its window), so a deep
     backlog on few keys costs a poll ``limit`` rows, not the whole backlog; the later
     versions among them wait for a later poll. ``whole_backlog``: the first ``limit``
-    heads of the whole due backlog. The pauses are read by the same statement, as the long
-    lane's reserve reads them: a read of its own was one more round trip per poll, and
-    on an idle worker's wake-up.
+    heads of the whole due backlog. ``after``: the targets' cursors. The pauses are read by
+    the same statement: a read of its own was one more round trip per poll.
 
-    PostgreSQL reads the windows in a lateral join over the targets, one per limit: a
-    short text, which the driver converts once per session (a text over 4 kB or 50
-    parameters it converts again on every execute: ~0.3 ms of each poll with ten targets
-    read UNION ALL, as SQLite reads them).
-
-    The limit is a parameter, or written into the text once the planner believes the table
-    holds ``LIMIT_IN_TEXT_FROM_ROWS`` rows (``planned_rows``). The generic plan takes a
-    parameter for a tenth of the rows it expects, so the ordered index scan wins even
-    when the statistics still describe an empty queue that a burst has since filled (a
-    written limit larger than the rows expected was read by a sequential scan and a
-    sort: 30 ms a poll at 50,000 rows, three workers at half one worker's rate). But a
-    tenth of a million expected rows costs the statement past ``jit_above_cost``, and
-    compiling it took 45 ms of every poll: there the written limit plans exactly.
-
-    ``after``: a target's window starts after that (next_run_at, id) instead of at its
-    first due row (a cursor, ``FastLane``): the rows before it, handed by earlier polls and
-    deleted, are not walked again. They cost little once vacuumed, or once a scan has found
-    them dead to every session and marked their index entries so; while another session
-    holds an old snapshot neither happens, and each poll walked every one of them (after
-    three drains of 20,000 rows, 12 ms a poll).
-
-    From poll to poll only the clock and the cursors change: the text and the other
-    parameters are built once per shape (``_fast_heads_shape``), where building them took
-    20-40 µs of an idle worker's wake-up.
+    Which targets are read: on PostgreSQL those in ``always``, and every other one only
+    when ``ENQUEUES_FAST`` is past ``enqueues_seen`` (``READ_ALL``: always), so a busy
+    worker does not probe its idle targets poll after poll. The targets, their limits and
+    cursors go as arrays (one text literal each), unnested and read in a lateral join:
+    one text and one generic plan at any number of targets. With a list of values per
+    target the planner costed a full window for each, and past ``jit_above_cost`` (about
+    90 targets) every poll was compiled first: 1.5 s a poll at 500 targets, where the
+    read itself took 2 ms. SQLite reads every target, one ``UNION ALL`` branch each.
     """
-    postgres = is_postgres()
-    in_text = postgres and (planned_rows(JOBS) or 0) >= LIMIT_IN_TEXT_FROM_ROWS
     after = after or {}
-    text, params = _fast_heads_shape(tuple(partitions), tuple(limits.items()), whole_backlog,
-                                     in_text, postgres, bool(after))
+    names = sorted(limits)
+    if not is_postgres():
+        return _fast_heads_sqlite(partitions, now, limits, names, whole_backlog, after)
+    cursors = [after.get(name) for name in names]
     clock = dt(now)
-    return text, [clock if param is _NOW
-                  else param.value(after.get(param.target, BEGINNING))
-                  if isinstance(param, _After) else param for param in params]
+    parts = int_array(partitions)
+    return _FAST_HEADS_PG[whole_backlog], [
+        text_array(names), int_array([limits[name] for name in names]),
+        instant_array([c.band_from if c else None for c in cursors]),
+        instant_array([c.at if c else None for c in cursors]),
+        int_array([c.id if c else 0 for c in cursors]),
+        "{" + ",".join("t" if name in always else "f" for name in names) + "}",
+        enqueues_seen, clock, clock, parts, clock, parts]
 
 
-_NOW = object()  # where the poll's clock goes among ``_fast_heads_shape``'s parameters
-
-
-class _After(NamedTuple):
-    """Where a target's cursor goes among ``_fast_heads_shape``'s parameters: its
-    ``next_run_at`` (``field`` 0) or its id (1)."""
-
-    target: str
-    field: int
-
-    def value(self, cursor: tuple[datetime, int]) -> Any:
-        return dt(cursor[0]) if self.field == 0 else cursor[1]
-
-
-@lru_cache(maxsize=32)
-def _fast_heads_shape(partitions: tuple[int, ...], limits: tuple[tuple[str, int], ...],
-                      whole_backlog: bool, in_text: bool, postgres: bool, cursors: bool
-                      ) -> tuple[str, tuple[Any, ...]]:
-    """``_fast_heads_sql``'s text and parameters, ``_NOW`` for the clock and ``_After``
-    for the cursors. A read without ``cursors`` has no cursor condition at all: the
-    planner judges the second range condition selective, and a generic plan made with it
-    for a small table took a bitmap scan and a sort of every due row over the index's
-    order."""
-    part_clause, part_params = in_("j.partition", partitions)
-    cursor = " AND (j.next_run_at, j.id) > ({after})" if cursors else ""
-    due = (f"SELECT {', '.join('j.' + c for c in _JOB_COLUMNS)}, "
-           f"j.next_run_at FROM {JOBS} j WHERE {_FAST_PENDING} "
-           "AND j.target = {target} AND j.next_run_at <= %s" + cursor + " AND " + part_clause)
+def _fast_window(whole_backlog: bool, target: str, limit: str) -> tuple[str, str]:
+    """A target's due rows in run order (``%s``: the clock, then its partitions) and the
+    condition that a row is its key's head."""
+    due = (f"SELECT {', '.join('j.' + c for c in _JOB_COLUMNS)}, j.next_run_at "
+           f"FROM {JOBS} j WHERE {_FAST_PENDING} AND j.target = {target} "
+           "AND j.next_run_at <= %s AND {range} AND {partitions}")
     head = ("(j.key IS NULL OR NOT EXISTS ("
             f"SELECT 1 FROM {JOBS} e WHERE e.status = '{_PENDING}' AND e.key IS NOT NULL "
             "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
             "AND (e.version, e.id) < (j.version, j.id)))")
-    order = "ORDER BY j.next_run_at, j.id LIMIT {limit}"
-    window = f"{due} AND {head} {order}" if whole_backlog else f"{due} {order}"
-    paused = f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = {{target}})"
-    pause_runs = (f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = {{target}} "
-                  "AND p.paused_until > %s)")
-    if postgres:
-        branches, params = [], []
-        for limit in sorted({n for _, n in limits}):
-            names = [name for name, n in limits if n == limit]
-            rows = ", ".join(["(%s, %s::timestamptz, %s::bigint)"] * len(names))
-            name_params = [p for name in names for p in (name, _After(name, 0), _After(name, 1))]
-            if not cursors:  # the same columns, whose values no condition reads
-                name_params = [p if not isinstance(p, _After) else None for p in name_params]
-            windows = (f"SELECT w.target, w.after_at, w.after_id, "
-                       f"{paused.format(target='w.target')} AS probe "
-                       f"FROM (VALUES {rows}) AS w(target, after_at, after_id) "
-                       f"WHERE NOT {pause_runs.format(target='w.target')}")
-            lateral = window.format(target="w.target", after="w.after_at, w.after_id",
-                                    limit=int(limit) if in_text else "%s")
-            branches.append(f"SELECT j.*, w.probe FROM ({windows}) AS w CROSS JOIN LATERAL "
-                            f"({lateral}) AS j" + ("" if whole_backlog else f" WHERE {head}"))
-            params += [*name_params, _NOW, _NOW, *part_params, *([] if in_text else [limit])]
-        return " UNION ALL ".join(branches), tuple(params)
-    per_target = (f"SELECT *, {paused.format(target='%s')} AS probe "
-                  f"FROM ({window.format(target='%s', after='%s, %s', limit='%s')}) AS j "
-                  f"WHERE NOT {pause_runs.format(target='%s')}"
-                  + ("" if whole_backlog else f" AND {head}"))
-    params = []
-    for target, limit in limits:
-        cursor_params = [_After(target, 0), _After(target, 1)] if cursors else []
-        params += [target, target, _NOW, *cursor_params, *part_params, limit, target, _NOW]
-    return " UNION ALL ".join([per_target] * len(limits)), tuple(params)
+    order = f"ORDER BY j.next_run_at, j.id LIMIT {limit}"
+    return (f"{due} AND {head} {order}" if whole_backlog else f"{due} {order}"), head
+
+
+def _fast_heads_pg(whole_backlog: bool) -> str:
+    window, head = _fast_window(whole_backlog, "w.target", "w.lim")
+    partitions = "j.partition = ANY(%s::integer[])"
+    # The lag band, then the rows after the cursor: two index ranges, in run order.
+    band = window.format(range="j.next_run_at > w.band_from AND j.next_run_at < w.after_at",
+                         partitions=partitions)
+    later = window.format(range="(j.next_run_at, j.id) > (w.after_at, w.after_id)",
+                          partitions=partitions)
+    enqueues = f"(SELECT COALESCE(pg_sequence_last_value('{ENQUEUES_FAST}'), 0) AS n)"
+    return (
+        f"SELECT j.*, w.probe, w.enqueues FROM (SELECT w.target, w.lim, w.band_from, "
+        "w.after_at, w.after_id, c.n AS enqueues, "
+        f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = w.target) AS probe "
+        "FROM unnest(%s::text[], %s::integer[], %s::timestamptz[], %s::timestamptz[], "
+        "%s::bigint[], %s::boolean[]) AS w(target, lim, band_from, after_at, after_id, always) "
+        f"CROSS JOIN {enqueues} AS c WHERE (w.always OR c.n > %s) AND NOT EXISTS ("
+        f"SELECT 1 FROM {PAUSES} p WHERE p.target = w.target AND p.paused_until > %s)) AS w "
+        f"CROSS JOIN LATERAL (SELECT * FROM (({band}) UNION ALL ({later})) AS u "
+        "LIMIT w.lim) AS j" + ("" if whole_backlog else f" WHERE {head}"))
+
+
+_FAST_HEADS_PG = {whole: _fast_heads_pg(whole) for whole in (False, True)}
+
+
+def _fast_heads_sqlite(partitions: Sequence[int], now: datetime, limits: Mapping[str, int],
+                       names: list[str], whole_backlog: bool, after: Mapping[str, Cursor]
+                       ) -> tuple[str, list[Any]]:
+    window, head = _fast_window(whole_backlog, "%s", "%s")
+    part_clause, part_params = in_("j.partition", partitions)
+    window = window.format(range="(j.next_run_at, j.id) > (%s, 0)", partitions=part_clause)
+    paused = f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %s)"
+    per_target = (f"SELECT *, {paused} AS probe, NULL AS enqueues FROM ({window}) AS j "
+                  f"WHERE NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %s "
+                  "AND p.paused_until > %s)" + ("" if whole_backlog else f" AND {head}"))
+    clock = dt(now)
+    params: list[Any] = []
+    for name in names:
+        cursor = after.get(name)
+        band_from = dt(cursor.band_from) if cursor else dt(BEGINNING)
+        params += [name, name, clock, band_from, *part_params, limits[name], name, clock]
+    return " UNION ALL ".join([per_target] * len(names)), params
+
+
+# Before every row: where a read without a cursor starts on SQLite.
+BEGINNING = datetime(1, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -646,22 +689,29 @@ class FastPoll:
     marked: Mapping[int, list[int]] = field(default_factory=dict)  # partition -> ids
     # target -> its last row read, (next_run_at, id): where a cursor after it starts
     last_read: Mapping[str, tuple[datetime, int]] = field(default_factory=dict)
+    # ``ENQUEUES_FAST`` as the read found it (None: no row read, or SQLite)
+    enqueues: int | None = None
 
 
 _NEXT_RUN_AT = len(_JOB_COLUMNS)  # where a read row's next_run_at is, after a Job's columns
 
 
-def _read_fast(fetched: Sequence[Sequence[Any]], probe_at: int) -> FastPoll:
+def _read_fast(fetched: Sequence[Sequence[Any]]) -> FastPoll:
+    """``fetched``: rows of ``_JOB_COLUMNS``, ``next_run_at``, ``probe``, ``enqueues``, then
+    any columns of the caller's."""
     jobs = [_job(row) for row in fetched]
     last_read = {job.target: (read_dt(row[_NEXT_RUN_AT]), job.id)
                  for job, row in zip(jobs, fetched, strict=True)}  # run order: the last wins
+    probe_at = _NEXT_RUN_AT + 1
     return FastPoll(jobs, frozenset(job.target for job, row in zip(jobs, fetched, strict=True)
-                                    if row[probe_at]), last_read=last_read)  # type: ignore[arg-type]
+                                    if row[probe_at]),  # type: ignore[arg-type]
+                    last_read=last_read,
+                    enqueues=fetched[0][probe_at + 1] if fetched else None)
 
 
 def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
-                  whole_backlog: bool = False,
-                  after: Mapping[str, tuple[datetime, int]] | None = None) -> FastPoll:
+                  whole_backlog: bool = False, after: Mapping[str, Cursor] | None = None,
+                  always: Collection[str] = (), enqueues_seen: int = READ_ALL) -> FastPoll:
     """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) that
     are not paused, in the given partitions, each the head of its key, in run order: the
     heads among each target's first ``limit`` due rows (``_fast_heads_sql``).
@@ -670,7 +720,7 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
     the later versions of its key (``jobs_hold_key_until`` moves those out of the way).
     DEAD rows hold nothing. Index-backed: one scan of ``jobs_fast_pending_due`` per
-    target, so a paused target's backlog is never walked, and each hold test is one
+    target read, so a paused target's backlog is never walked, and each hold test is one
     probe of ``jobs_pending_key_order``.
 
     ``whole_backlog``: the first heads of each target's whole due backlog instead. A
@@ -678,22 +728,23 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
     (versions committed out of order); this walk keeps the lane from stalling behind
     them, and reads the whole backlog, so the lane runs it seldom.
 
-    ``after``: the targets' cursors (``_fast_heads_sql``).
+    ``after``, ``always``, ``enqueues_seen``: the cursors and which targets are read
+    (``_fast_heads_sql``).
     """
     if not limits or not partitions:
         return FastPoll([])
     union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog,
-                                    after=after)
+                                    after=after, always=always, enqueues_seen=enqueues_seen)
     return _read_fast(fetch(
-        f"SELECT {_COLUMNS}, next_run_at, probe FROM ({union}) AS due "
-        "ORDER BY next_run_at, id", params),
-        probe_at=-1)
+        f"SELECT {_COLUMNS}, next_run_at, probe, enqueues FROM ({union}) AS due "
+        "ORDER BY next_run_at, id", params))
 
 
 def jobs_fast_poll(
     partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *, owner: str,
     token: str, per_row: Collection[str] = (), per_row_send: int = 1,
-    flush_lazily: bool = False, after: Mapping[str, tuple[datetime, int]] | None = None,
+    flush_lazily: bool = False, after: Mapping[str, Cursor] | None = None,
+    always: Collection[str] = (), enqueues_seen: int = READ_ALL,
 ) -> FastPoll:
     """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
     read itself.
@@ -709,12 +760,13 @@ def jobs_fast_poll(
     and of an idle worker's wake-up) is needed; otherwise the read is followed by the
     guarded mark. ``flush_lazily`` (PostgreSQL): a mark of at-least-once rows only commits
     without waiting for its flush (``_flush_lazily``; a takeover leaves such rows PENDING,
-    marked or not). ``after``: the targets' cursors (``_fast_heads_sql``).
+    marked or not). ``after``, ``always``, ``enqueues_seen``: as ``jobs_fast_due``.
     """
     if not limits or not partitions:
         return FastPoll([])
     if not writable_ctes():
-        due = jobs_fast_due(partitions, now, limits, after=after)
+        due = jobs_fast_due(partitions, now, limits, after=after, always=always,
+                            enqueues_seen=enqueues_seen)
         first = min((job.target for job in due.jobs), default=None)
         if first is None or first in due.probing:
             return due
@@ -728,8 +780,10 @@ def jobs_fast_poll(
             owner, now, token,
             [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
         return FastPoll(due.jobs, due.probing, first,
-                        {p: ids for p, ids in wanted.items() if p in marked}, due.last_read)
-    union, params = _fast_heads_sql(partitions, now, limits, after=after)
+                        {p: ids for p, ids in wanted.items() if p in marked}, due.last_read,
+                        due.enqueues)
+    union, params = _fast_heads_sql(partitions, now, limits, after=after, always=always,
+                                    enqueues_seen=enqueues_seen)
     single, single_params = in_("target", list(per_row))
     first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
                   "ORDER BY next_run_at, id LIMIT %s)")
@@ -747,19 +801,20 @@ def jobs_fast_poll(
         "SELECT %s, partition, %s, jsonb_agg(id), %s FROM first_send "
         "WHERE partition IN (SELECT partition FROM leased) GROUP BY partition "
         "RETURNING partition) "
-        f"SELECT {_COLUMNS}, next_run_at{lazily}, probe, id IN (SELECT id FROM first_send) "
-        "AND partition IN (SELECT partition FROM marked) FROM due ORDER BY next_run_at, id",
+        f"SELECT {_COLUMNS}, next_run_at, probe, enqueues{lazily}, id IN (SELECT id FROM "
+        "first_send) AND partition IN (SELECT partition FROM marked) FROM due "
+        "ORDER BY next_run_at, id",
         [*params, *single_params, per_row_send, owner, dt(now), token, owner, dt(now)],
         prepare=True,
     )
-    read = _read_fast(fetched, probe_at=-2)
+    read = _read_fast(fetched)
     marks: dict[int, list[int]] = {}
     for job, values in zip(read.jobs, fetched, strict=True):
         if values[-1]:
             marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
     first = min((job.target for job in read.jobs), default=None)
     return FastPoll(read.jobs, read.probing, first if first not in read.probing else None,
-                    marks, read.last_read)
+                    marks, read.last_read, read.enqueues)
 
 
 # A pass of the worker that handed this many rows, more than the planner believes the

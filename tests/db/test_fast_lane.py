@@ -1200,25 +1200,19 @@ def test_the_poll_keeps_its_plan_on_postgresql(targets: Any, t0: datetime) -> No
             assert cursor.fetchall() == [(8, 0)]
 
 
-@pytest.mark.parametrize("limit_in_text", [False, True])
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
-        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch, limit_in_text: bool
-) -> None:
+        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
     """A queue analysed busy, then drained and vacuumed (no pages, no rows, the busy
     column statistics kept), takes a burst: until autovacuum analyses it again, up to a
     minute later, the poll's generic plan is made for those statistics. With the window's
     limit a parameter it reads the ordered index; a limit written into the text, larger
     than the rows the plan expects, was read by a bitmap scan and a sort of every due row
-    (three workers drained a 50,000-row burst at half one worker's rate). The limit is
-    written into the text only once the planner expects ``LIMIT_IN_TEXT_FROM_ROWS`` rows
-    (here 1, after an ANALYZE of the burst)."""
-    from jobs_engine.store import dialect, queue
+    (three workers drained a 50,000-row burst at half one worker's rate)."""
+    from jobs_engine.store import dialect
 
     clock = [2000.0]
     monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    if limit_in_text:
-        monkeypatch.setattr(queue, "LIMIT_IN_TEXT_FROM_ROWS", 1)
     targets("fl.burst", handler=lambda job: None, delivery_mode=DeliveryMode.AT_LEAST_ONCE,
             batch_size=200)
     worker = make_worker("A")
@@ -1232,9 +1226,6 @@ def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
     with statements("WITH due AS MATERIALIZED") as polls:
         assert worker.run(t0) == 0
         enqueue_many(burst)
-        if limit_in_text:
-            with connection.cursor() as cursor:
-                cursor.execute(f"ANALYZE {store.JOBS}")
         clock[0] += dialect.REPLAN_S  # the session makes its plans again, for 3,000 rows
         assert worker.run(t0) == 200
     if connection.vendor != "postgresql":  # no plans kept: nothing more to see
@@ -1248,17 +1239,18 @@ def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
         plan = "\n".join(line for (line,) in cursor.fetchall())
     assert "Index Scan using jobs_fast_pending_due" in plan
     assert "Seq Scan on jobs_engine_job" not in plan
-    assert ("LIMIT 200" in polls[-1][0]) is limit_in_text
+    assert "Sort Key: j.next_run_at" not in plan, plan  # the index's own order
 
 
 def test_a_target_whose_window_was_handed_is_read_after_it_next_time(
         targets: Any, t0: datetime, jobs_settings: Any) -> None:
-    """A cursor: after a full window of a target was handed, the next poll reads from
-    after that window (less the lag), not from the first due row: rows before it were
-    handed and deleted, and walking their dead index entries again made every poll of a
-    drain slower while another session held an old snapshot. A row committed behind the
-    cursor (its transaction began earlier) is read at the next read from the start: a
-    POLL_S later, or at a wake-up."""
+    """A cursor: after a full window of a target was handed, its next reads start after
+    that window's last row (and the lag band before it), not at the first due row: rows
+    before it were handed and deleted, and walking their dead index entries again made
+    every poll of a drain slower while another session held an old snapshot. The cursor
+    stays when a later window is not full. A row committed behind it, by more than the
+    lag (its transaction began long before), is read by the next deep read, a POLL_S
+    later; a wake-up does not read from the start."""
     from jobs_engine.lanes.fast import CURSOR_LAG
     from jobs_engine.store import dialect
 
@@ -1266,35 +1258,38 @@ def test_a_target_whose_window_was_handed_is_read_after_it_next_time(
     worker = make_worker("A", jobs_settings(FAST_BATCH=10))
     at = t0 + 60 * SECOND  # every row below is due by then
     first = [put("fl.cursor", t0 + i * MILLISECOND) for i in range(25)]
+    cursor_at = t0 + 9 * MILLISECOND
+    marker = (cursor_at.isoformat() if connection.vendor == "postgresql"
+              else dialect.dt(cursor_at - CURSOR_LAG))
+
+    def reads_after_cursor(params: Any) -> bool:
+        return any(isinstance(p, str) and marker in p for p in params or ())
+
     with statements("") as seen:
-        assert worker.run(at) == 10  # a read from the first row
+        assert worker.run(at) == 10  # a deep read, from the first row
         assert worker.run(at) == 10  # after the first window
-    reads = [(sql, params) for sql, params in seen  # the reads of fl.cursor's rows
-             if "AND j.target = " in sql and "fl.cursor" in (params or ())]
-    assert "(j.next_run_at, j.id) >" not in reads[0][0]
-    assert "(j.next_run_at, j.id) >" in reads[1][0]
-    assert dialect.dt(t0 + 9 * MILLISECOND - CURSOR_LAG) in reads[1][1]
+    reads = [params for sql, params in seen if "AND j.target = " in sql]
+    assert not reads_after_cursor(reads[0]) and reads_after_cursor(reads[-1])
     late = put("fl.cursor", t0 - SECOND)  # committed now, its transaction began long before
-    assert worker.run(at) == 5  # the window's last rows: not full, so no cursor after it
-    assert worker.run(at) == 1  # read from the start: the late row
-    assert [job.id for job in target.extra["calls"]] == [*first, late]
+    assert worker.run(at) == 5  # the window's last rows: not full, the cursor stays
+    assert worker.run(at) == 0
+    assert worker.lane.run_once(at, woken=True) == 0  # a wake-up reads after the cursor too
+    in_band = put("fl.cursor", t0 + 24 * MILLISECOND - CURSOR_LAG / 2)
+    assert worker.run(at) == 1  # within the lag band before the cursor: read
+    worker.clock.advance(1)  # POLL_S later: a deep read
+    assert worker.run(at) == 1
+    assert [job.id for job in target.extra["calls"]] == [*first, in_band, late]
     more = [put("fl.cursor", t0 + 10 * SECOND + i * MILLISECOND) for i in range(20)]
     assert worker.run(at) == 10
     behind = put("fl.cursor", t0 + 5 * SECOND)  # behind the cursor, by more than the lag
     assert worker.run(at) == 10
+    assert worker.run(at) == 0
     assert behind not in [job.id for job in target.extra["calls"]]
-    assert worker.lane.run_once(at, woken=True) == 1  # a wake-up reads from the start
-    assert [job.id for job in target.extra["calls"]] == [*first, late, *more, behind]
-    more_again = [put("fl.cursor", t0 + 20 * SECOND + i * MILLISECOND) for i in range(20)]
-    assert worker.run(at) == 10
-    behind_again = put("fl.cursor", t0 + 6 * SECOND)
-    assert worker.run(at) == 10  # not woken: after the cursor of the poll before
-    assert behind_again not in [job.id for job in target.extra["calls"]]
-    worker.clock.advance(1)  # POLL_S later: a read from the start
+    worker.clock.advance(1)
     assert worker.run(at) == 1
-    assert target.extra["calls"][-1].id == behind_again and not JobModel.objects.exists()
+    assert target.extra["calls"][-1].id == behind and not JobModel.objects.exists()
     assert sorted(job.id for job in target.extra["calls"]) == sorted(
-        [*first, late, *more, behind, behind_again, *more_again])
+        [*first, in_band, late, *more, behind])
 
 
 def test_polls_ask_the_database_for_the_time_once_a_second(targets: Any, now: datetime
@@ -1321,3 +1316,95 @@ def test_polls_ask_the_database_for_the_time_once_a_second(targets: Any, now: da
         put("fl.clock", now - 60 * SECOND)
         assert worker.lane.run_once() == 1
     assert len(reads) == (2 if connection.vendor == "postgresql" else 0)
+
+
+# -- which targets a poll reads ---------------------------------------------------------------
+
+
+def unannounced(target: str, at: datetime) -> int:
+    """A row the enqueue count does not announce (as if enqueued by a process that died
+    between its commit and the count): the count is put back. SQLite has no count."""
+    if connection.vendor != "postgresql":
+        return put(target, at)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT pg_sequence_last_value('{store.ENQUEUES_FAST}')")
+        (count,) = cursor.fetchone()
+        job_id = put(target, at)
+        cursor.execute(f"SELECT setval('{store.ENQUEUES_FAST}', %s)", [count])
+    return job_id
+
+
+def test_a_busy_worker_reads_an_idle_target_once_rows_may_have_come_for_it(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """Registered targets that receive nothing cost a poll nothing: a poll reads the
+    targets it found rows of lately, and the others only when the enqueue count moved since
+    two polls before, or at the deep read once a POLL_S. SQLite reads every target."""
+    busy = targets("fl.busy", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    idle = [targets(f"fl.idle-{n}", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+            for n in range(20)]
+    worker = make_worker("A", jobs_settings(FAST_BATCH=10))
+    for i in range(100):
+        put("fl.busy", t0 + i * MILLISECOND)
+    at = t0 + 60 * SECOND
+    assert [worker.run(at) for _ in range(3)] == [10, 10, 10]  # the count settles
+    quiet = unannounced("fl.idle-3", t0)
+    assert worker.run(at) == (10 if connection.vendor == "postgresql" else 11)
+    if connection.vendor == "postgresql":
+        assert not idle[3].extra["calls"], "an idle target was read though nothing came"
+        with connection.cursor() as cursor:  # a count: rows may have come
+            cursor.execute(f"SELECT nextval('{store.ENQUEUES_FAST}')")
+        assert worker.run(at) == 11
+    assert [job.id for job in idle[3].extra["calls"]] == [quiet]
+    assert [worker.run(at) for _ in range(2)] == [10, 10]  # the count settles again
+    deep = unannounced("fl.idle-4", t0)
+    ran = [worker.run(at) for _ in range(2)]
+    if connection.vendor == "postgresql":
+        assert ran == [10, 10] and not idle[4].extra["calls"]
+        worker.clock.advance(1)  # POLL_S: the deep read reads every target
+        assert worker.run(at) == 11
+    assert [job.id for job in idle[4].extra["calls"]] == [deep]
+    assert len(busy.extra["calls"]) == (100 if connection.vendor == "postgresql" else 80)
+
+
+def test_a_wake_up_reads_the_targets_its_notifications_named(
+        targets: Any, t0: datetime) -> None:
+    """The poll answering a NOTIFY reads the targets it named (and those it found rows of
+    lately), not every registered one; a notification naming none (a release before
+    this one's) reads every target."""
+    named = targets("fl.named", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    other = targets("fl.other", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    worker = make_worker("A")
+    at = t0 + SECOND
+    assert worker.run(at) == 0  # the deep read of a worker's first poll
+    unannounced("fl.named", t0)
+    unannounced("fl.other", t0)
+    assert worker.lane.run_once(at, woken=True, named=frozenset({"fl.named"})) == 1
+    assert len(named.extra["calls"]) == 1 and not other.extra["calls"]
+    assert worker.lane.run_once(at, woken=True, named=None) == 1
+    assert len(other.extra["calls"]) == 1
+
+
+@pytest.mark.django_db(transaction=True)  # another connection commits a row
+def test_a_count_read_before_its_rows_were_committed_still_gets_them_read(
+        targets: Any, t0: datetime, jobs_settings: Any) -> None:
+    """An enqueue counts its rows at the insert too, before its commit: a poll can read the
+    count moved and still not see the rows. So the next poll compares the count with the
+    one read two polls before, not one, and reads the target then."""
+    if connection.vendor != "postgresql":  # no count: every poll reads every target
+        return
+    from tests.db.test_enqueue import pg_connect
+
+    targets("fl.busy", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    late = targets("fl.late", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    worker = make_worker("A", jobs_settings(FAST_BATCH=10))
+    for i in range(100):
+        put("fl.busy", t0 + i * MILLISECOND)
+    at = t0 + 60 * SECOND
+    assert [worker.run(at) for _ in range(3)] == [10, 10, 10]
+    with pg_connect() as web:  # a transaction of its own: counted at the insert, not committed
+        web.execute(f"SELECT * FROM {store.INSERT_PAYLOADS_FUNCTION}('fl.late', 'fl.late', "
+                    "'fast', 'at_least_once', 64, NULL, NULL, '[1]'::jsonb, NULL)")
+        assert worker.run(at) == 10  # the count moved; the row is not there yet
+        web.commit()  # and no count after it (this connection is no Django enqueue)
+    assert worker.run(at) == 11
+    assert len(late.extra["calls"]) == 1

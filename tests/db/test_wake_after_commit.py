@@ -50,9 +50,14 @@ def listener(targets: Callable[..., Target]) -> Iterator[psycopg.Connection | No
         yield listening
 
 
+def payloads(listener: psycopg.Connection, timeout: float = QUIET_S) -> list[str]:
+    """The notifications' payloads within ``timeout``, in order."""
+    return [n.payload for n in listener.notifies(timeout=timeout)]
+
+
 def notified(listener: psycopg.Connection, timeout: float = QUIET_S) -> list[str]:
     """The lanes notified within ``timeout`` (each notification once, in order)."""
-    return [n.payload for n in listener.notifies(timeout=timeout)]
+    return [payload.partition(":")[0] for payload in payloads(listener, timeout)]
 
 
 def wake_statements(captured: CaptureQueriesContext) -> int:
@@ -175,14 +180,14 @@ def test_a_wake_up_that_fails_loses_no_job_and_raises_nothing(
         return
     store.wakeups_wanted({"fast"})
     with connection.cursor() as cursor:
-        cursor.execute(f"ALTER FUNCTION {store.WAKE_FUNCTION}(text[]) RENAME TO away")
+        cursor.execute(f"ALTER FUNCTION {store.WAKE_FUNCTION}(text[], text[]) RENAME TO away")
     try:
         with caplog.at_level(logging.WARNING, logger="jobs_engine.enqueueing"), \
                 transaction.atomic():
             result = enqueue("t:fast", 1)
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"ALTER FUNCTION away(text[]) RENAME TO {store.WAKE_FUNCTION}")
+            cursor.execute(f"ALTER FUNCTION away(text[], text[]) RENAME TO {store.WAKE_FUNCTION}")
     assert result.inserted and Job.objects.filter(id=result.job_id).exists()
     assert "could not wake the workers of fast" in caplog.text
     assert notified(listener) == []
@@ -200,3 +205,41 @@ def test_with_notify_off_an_enqueue_sends_no_wake_up(
         enqueue("t:fast", 1)
     assert wake_statements(captured) == 0
     assert notified(listener) == []
+
+
+def test_a_fast_lane_wake_up_names_the_targets_of_the_commit(
+        listener: psycopg.Connection | None, targets: Callable[..., Target]) -> None:
+    """The poll that answers it reads those targets (``store.wake_targets``), not every
+    registered one; a long-lane one names none (its reserve reads every target at once)."""
+    if listener is None:
+        return
+    targets('t:"quoted" \\ name')
+    store.wakeups_wanted({"fast", "long"})
+    with transaction.atomic():
+        enqueue("t:fast", 1)
+        enqueue('t:"quoted" \\ name', 2)
+        enqueue("t:long", 3)
+    got = sorted(payloads(listener))
+    assert got == ['fast:["t:\\"quoted\\" \\\\ name","t:fast"]', "long"], got
+    assert store.wake_targets(got) == frozenset({'t:"quoted" \\ name', "t:fast"})
+
+
+def test_every_commit_of_fast_lane_rows_is_counted(listener: psycopg.Connection | None
+                                                   ) -> None:
+    """``ENQUEUES_FAST`` moves with every commit of fast-lane rows, and with their insert
+    (a transaction that never commits here, a test's, still tells a worker in it); a busy
+    worker reads its idle targets only when it moved."""
+    if listener is None:
+        return
+
+    def count() -> int:
+        with pg_connect(autocommit=True) as reader:
+            return reader.execute(f"SELECT COALESCE(pg_sequence_last_value("
+                                  f"'{store.ENQUEUES_FAST}'), 0)").fetchone()[0]
+
+    before = count()
+    with transaction.atomic():
+        enqueue("t:fast", 1)
+        inserted = count()
+        assert inserted > before, "not counted at the insert"
+    assert count() > inserted, "not counted after the commit"

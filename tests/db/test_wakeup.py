@@ -138,6 +138,7 @@ class AlwaysWoken:
     """A ``Wakeup`` whose every wait is ended early, ``waits`` times, then stops."""
 
     notified = False
+    named: frozenset[str] = frozenset()
     listening = False  # no wake-up to ask for: the loop's asks are tested below
 
     def __init__(self, waits: int) -> None:
