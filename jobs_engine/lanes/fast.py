@@ -25,12 +25,12 @@ nothing costs a poll nothing. A poll reads the targets the last poll found rows 
 others only when an enqueue has committed rows of the lane since (``store.ENQUEUES_FAST``);
 a poll answering a wake-up, those and the targets its notifications name. A target whose
 whole window was handed is read from after it at its next read (its cursor, less the lag
-band ``CURSOR_LAG``), so a poll does not walk again the rows its predecessors handed and
+band ``store.CURSOR_LAG``), so a poll does not walk again the rows its predecessors handed and
 deleted: while another session holds an old snapshot, PostgreSQL can neither remove them
 nor mark their index entries dead, and a drain slowed with every poll. Once a ``POLL_S``,
 and whenever the worker's partitions change, a poll reads every target from its first due
 row (a deep read): a row behind a cursor (its transaction committed more than
-``CURSOR_LAG`` after it began) or of a target nothing pointed to waits for it.
+``store.CURSOR_LAG`` after it began) or of a target nothing pointed to waits for it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from itertools import groupby
 from typing import NamedTuple
 
@@ -64,9 +64,6 @@ from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
 _AT_LEAST_ONCE = DeliveryMode.AT_LEAST_ONCE.value
-# How far before its last window a target's next read starts: rows whose transaction began
-# that much before another's committed are still read in order (``FastLane``).
-CURSOR_LAG = timedelta(seconds=0.1)
 # How long a target a poll found rows of is read at every poll (``Reads``).
 ACTIVE_S = 60.0
 
@@ -165,7 +162,7 @@ class Reads:
         unhanded = {job.target for job in poll.jobs if job.id not in written}
         for target, (at, last_id) in poll.last_read.items():
             if read[target] == limits.get(target) and target not in unhanded:
-                self.cursors[target] = store.Cursor(at - CURSOR_LAG, at, last_id)
+                self.cursors[target] = store.Cursor(at - store.CURSOR_LAG, at, last_id)
 
 
 @dataclass

@@ -96,6 +96,14 @@ class HandlerThreads:
                 thread.join()
 
 
+def runs_exclusively(target_name: str) -> bool:
+    """Whether ``target_name`` is an exclusive target registered here."""
+    try:
+        return get_target(target_name).exclusive
+    except UnknownTarget:
+        return False
+
+
 class LongLane:
     def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
                  threads: bool = True, monotonic: Callable[[], float] = time.monotonic,
@@ -115,6 +123,13 @@ class LongLane:
         self._in_hand: dict[int, str] = {}  # job id -> claim token
         self._pool = HandlerThreads(settings.LONG_BATCH, "long-lane") if threads else None
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
+        # Where the next reserve starts (``store.LongCursor``), and when the next one from
+        # the first due row is due (monotonic).
+        self._cursor: store.LongCursor | None = None
+        self._next_deep_reserve = 0.0
+        # An exclusive code this worker ran is free again: rows of it that reserves passed
+        # over while it ran lie behind the cursor (set by the writer, read by the poll).
+        self._code_freed = False
         self._rescued_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
         self._running = 0  # rows whose handler has not returned (in hand: until written)
@@ -197,7 +212,9 @@ class LongLane:
             targets=sorted(t.name for t in mine), start=True,
             at_most_once_limit=free.at_most_once,
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
+            after=self._reserve_from(woken),
         )
+        self._cursor = reserved.cursor or self._cursor
         self._next_due_at = None
         if reserved:
             self._at_most_once_share = sum(r.job.delivery_mode == _AT_MOST_ONCE
@@ -225,6 +242,22 @@ class LongLane:
             else:
                 self._pool.submit(self._run_in_thread, *args)
         return len(ready)
+
+    def _reserve_from(self, woken: bool) -> store.LongCursor | None:
+        """Where a reserve starts: after the cursor the last full reserve left (the rows
+        before it were taken, and walking their dead index entries again slowed every
+        reserve while another session held an old snapshot), or at the first due row once
+        a ``POLL_S`` (never at a wake-up), for a row released by a rescue, a pause ended or
+        a transaction that committed more than ``store.CURSOR_LAG`` after it began; and
+        after this worker finished a row of an exclusive target, whose code's next row a
+        reserve may have passed over while it ran."""
+        if self._code_freed:
+            self._code_freed = False
+            return None
+        if not woken and self._monotonic() >= self._next_deep_reserve:
+            self._next_deep_reserve = self._monotonic() + self.settings.POLL_S
+            return None
+        return self._cursor
 
     def _probe(self, unstarted: list[Job], token: str, now: datetime, started_at: datetime
                ) -> tuple[list[tuple[Job, list[dict[str, Any]]]], frozenset[str]]:
@@ -354,6 +387,8 @@ class LongLane:
             by_token.setdefault(token, []).append(result)
         for token, results in by_token.items():
             self._record(token, results, items[-1][3])
+        if any(runs_exclusively(result.job.target) for _, result, _, _ in items):
+            self._code_freed = True
         for _, result, probe, _ in items:
             self._settle(result.job, result, probe)
 

@@ -75,6 +75,7 @@ __all__ = [
     "CLOSED",
     "CLOSED_COLUMNS",
     "COUNTERS",
+    "CURSOR_LAG",
     "DONE_JOBS",
     "DONE_KEPT",
     "DONE_NOT_KEPT",
@@ -110,8 +111,10 @@ __all__ = [
     "Done",
     "FastPoll",
     "Guard",
+    "LongCursor",
     "NewJob",
     "Reserved",
+    "ReservedRows",
     "StatBucket",
     "closed_jobs",
     "cut_error",
@@ -558,6 +561,11 @@ def inflight_clear(token: str) -> None:
 # -- fast lane ----------------------------------------------------------------------------
 
 
+# A cursor's lag band: a read after a cursor also reads the rows due this long before it,
+# which a transaction that began that much before another's commit may commit after it.
+CURSOR_LAG = timedelta(seconds=0.1)
+
+
 class Cursor(NamedTuple):
     """Where a target's next read starts (``FastLane``): the rows after ``(at, id)``, the
     last row of a window its worker handed, and before them the rows due in the lag band
@@ -933,10 +941,35 @@ class Reserved(NamedTuple):
     earlier_tries: list[dict[str, Any]] | None
 
 
+class LongCursor(NamedTuple):
+    """Where a long-lane worker's next reserve starts within ``priority`` (``LongLane``):
+    as ``Cursor`` does on the fast lane; rows of a higher priority are read from the
+    first, and rows of a lower one after these."""
+
+    priority: int
+    band_from: datetime
+    at: datetime
+    id: int
+
+
+class ReservedRows(list[Reserved]):
+    """The rows a reserve took, in priority order; ``cursor``: where the next reserve may
+    start, when it took every row it locked and as many as it was allowed (None: it did
+    not, and the cursor it started from stands)."""
+
+    cursor: LongCursor | None = None
+
+
+# Every priority is below this one: a reserve from the first due row reads the range
+# "lower than it" only.
+_ABOVE_EVERY_PRIORITY = 32767
+
+
 def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
                       exclusive_targets: Sequence[str] = (), targets: Sequence[str],
                       start: bool = False, at_most_once_limit: int | None = None,
-                      flush_lazily: bool = False) -> list[Reserved]:
+                      flush_lazily: bool = False, after: LongCursor | None = None
+                      ) -> ReservedRows:
     """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
     and a lease, in priority order, skipping targets whose pause has not run out; of them
     at most ``at_most_once_limit`` at-most-once rows (None: no bound of their own). An
@@ -956,6 +989,13 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     ``flush_lazily``: a reserve of at-least-once rows of targets that are not exclusive
     commits without waiting for its flush (``_flush_lazily``); a crash that loses it
     leaves them PENDING, to run again before their lease would have run out.
+
+    ``after`` (PostgreSQL): read the rows of its priority from that cursor. The due rows
+    are then four ranges of the index, read in its order, each locked as it is read: the
+    higher priorities, the cursor's lag band, the rows after it, the lower priorities. A
+    row passed over because its exclusive code was running lies behind the cursor: the
+    worker that ran the code reads from the first row next (``LongLane``), any other at
+    its next read from the first row.
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
     target_clause, target_params = in_("j.target", targets)
@@ -984,16 +1024,33 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         # Inside a caller's transaction a savepoint keeps a refused statement from aborting
         # it; in autocommit the statement is its own transaction (no BEGIN, no COMMIT).
         alone = contextlib.nullcontext() if transaction.get_autocommit() else transaction.atomic()
+        candidates = (f"SELECT j.id, j.code, j.priority, j.next_run_at, "
+                      f"{excl_clause if exclusive_targets else 'false'} AS exclusive, "
+                      f"j.delivery_mode = '{_AT_MOST_ONCE}' AS at_most_once "
+                      f"FROM {JOBS} j WHERE {_LONG_PENDING} "
+                      f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} "
+                      f"AND {free_code} AND {{range}} "
+                      "ORDER BY j.priority DESC, j.next_run_at, j.id "
+                      "LIMIT %s FOR UPDATE SKIP LOCKED")
+        candidate_params = [*(excl_params if exclusive_targets else []), dt(now),
+                            *target_params, dt(now), *excl_params]
+        cursor = after or LongCursor(_ABOVE_EVERY_PRIORITY, BEGINNING, BEGINNING, 0)
+        ranges = [("above", "j.priority > %s", [cursor.priority]),
+                  ("band", "j.priority = %s AND j.next_run_at > %s AND j.next_run_at < %s",
+                   [cursor.priority, dt(cursor.band_from), dt(cursor.at)]),
+                  ("after", "j.priority = %s AND (j.next_run_at, j.id) > (%s, %s)",
+                   [cursor.priority, dt(cursor.at), cursor.id]),
+                  ("below", "j.priority < %s", [cursor.priority])]
         try:
             with alone:
                 rows = fetch(
-                    f"WITH locked AS (SELECT j.id, j.code, j.priority, j.next_run_at, "
-                    f"{excl_clause if exclusive_targets else 'false'} AS exclusive, "
-                    f"j.delivery_mode = '{_AT_MOST_ONCE}' AS at_most_once "
-                    f"FROM {JOBS} j WHERE {_LONG_PENDING} "
-                    f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} "
-                    f"AND {free_code} ORDER BY j.priority DESC, j.next_run_at, j.id "
-                    "LIMIT %s FOR UPDATE SKIP LOCKED), "
+                    # Four ranges of the index, in its order, each locked as it is read;
+                    # the next is read only while fewer rows than the limit were locked.
+                    "WITH " + ", ".join(f"locked_{name} AS ({candidates.format(range=where)})"
+                                        for name, where, _ in ranges)
+                    + ", locked AS (SELECT * FROM (" + " UNION ALL ".join(
+                        f"SELECT * FROM locked_{name}" for name, _, _ in ranges)
+                    + ") AS ranges LIMIT %s), "
                     # The first of each exclusive code, then the first at-most-once rows.
                     "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
                     "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
@@ -1005,18 +1062,26 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                     f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
                     "lease_until = %s, running_code = CASE WHEN picked.exclusive "
                     f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
-                    f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}"
+                    f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}, "
+                    "(SELECT count(*) FROM locked)"
                     + _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM picked "
                                     "WHERE exclusive OR at_most_once)"),
-                    [*(excl_params if exclusive_targets else []),
-                     dt(now), *target_params, dt(now), *excl_params, limit, at_most_once,
-                     RESERVE.target, token, owner, lease_until, *started_params, dt(now)],
+                    [*[p for _, _, range_params in ranges
+                       for p in (*candidate_params, *range_params, limit)],
+                     limit, at_most_once, RESERVE.target, token, owner, lease_until,
+                     *started_params, dt(now)],
                     prepare=True)
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
         else:
             rows.sort(key=lambda row: (-row[15], row[16], row[0]))
-            return [reserved(row) for row in rows]
+            got = ReservedRows(reserved(row) for row in rows)
+            if len(rows) == limit and rows[-1][19] == limit:
+                # Every row it locked was taken, as many as it may: the next reserve starts
+                # after the last.
+                last = rows[-1]
+                got.cursor = LongCursor(last[15], last[16] - CURSOR_LAG, last[16], last[0])
+            return got
     order: dict[int, int] = {}
     found: list[Reserved] = []
     with transaction.atomic():
@@ -1065,7 +1130,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             except IntegrityError:
                 continue  # another worker runs this code right now
             found += [reserved(row) for row in rows]
-    return sorted(found, key=lambda r: order[r.job.id])  # type: ignore[index]
+    return ReservedRows(sorted(found, key=lambda r: order[r.job.id]))  # type: ignore[index]
 
 
 def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:

@@ -1251,8 +1251,7 @@ def test_a_target_whose_window_was_handed_is_read_after_it_next_time(
     stays when a later window is not full. A row committed behind it, by more than the
     lag (its transaction began long before), is read by the next deep read, a POLL_S
     later; a wake-up does not read from the start."""
-    from jobs_engine.lanes.fast import CURSOR_LAG
-    from jobs_engine.store import dialect
+    from jobs_engine.store import CURSOR_LAG, dialect
 
     target = targets("fl.cursor", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
     worker = make_worker("A", jobs_settings(FAST_BATCH=10))

@@ -35,6 +35,8 @@ pytestmark = pytest.mark.django_db
 
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
+HOUR = timedelta(hours=1)
+MILLISECOND = timedelta(milliseconds=1)
 SETTINGS = load_settings({}, environ={})
 
 
@@ -268,7 +270,7 @@ def test_the_reserve_and_the_write_of_successes_keep_their_plans_on_postgresql(
                        "FROM pg_prepared_statements WHERE statement LIKE 'WITH locked%' "
                        "OR statement LIKE 'WITH r(id%' ORDER BY 1")
         # Without threads each row's outcome is its own write: 10 writes, one text.
-        assert cursor.fetchall() == [("locked", 4, 0), ("r(id,", 10, 0)]
+        assert cursor.fetchall() == [("locked_above", 4, 0), ("r(id,", 10, 0)]
 
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
@@ -358,7 +360,6 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
         if connection.vendor != "postgresql":  # no statistics, no plans kept
             assert not store.jobs_analyze_when_behind(3000)
             return
-        assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # made for no rows
         assert not store.jobs_analyze_when_behind(queue.BEHIND_FROM_ROWS - 1)
         assert store.table_row_estimate(store.JOBS) == 0
         assert store.jobs_analyze_when_behind(2990)
@@ -818,3 +819,113 @@ def test_a_poll_answering_a_wake_up_leaves_the_rescue_to_the_next(targets: Any, 
     assert row(stuck).status == JobStatus.RUNNING
     assert lane.run_once(t0) == 1  # released and run
     assert ran == [woke, stuck]
+
+
+# -- where a reserve starts -----------------------------------------------------------------
+
+
+def put_at(target: str, at: datetime, priority: int = 0) -> int:
+    result = enqueue(target, None, run_at=at, priority=priority)
+    assert result.job_id is not None
+    return result.job_id
+
+
+def test_a_full_reserve_leaves_a_cursor_the_next_one_starts_from(
+        targets: Any, t0: datetime) -> None:
+    """After a reserve that took as many rows as it could and every row it locked, the next
+    reserve reads the rows of that priority from after its last one (and the lag band
+    before it): while another session holds an old snapshot, the dead index entries of
+    the rows taken before cost every reserve that walked them again. Higher priorities are
+    read from their first row, lower ones after; a row behind the cursor by more than the
+    lag waits for a reserve from the first row. SQLite reads from the first row always."""
+    targets("ll.cursor", lane="long")
+    first = [put_at("ll.cursor", t0 + i * MILLISECOND) for i in range(25)]
+    at = t0 + MINUTE
+
+    def reserve(after: store.LongCursor | None) -> store.ReservedRows:
+        return store.jobs_long_reserve("A", uuid.uuid4().hex, at, 300, 10,
+                                       targets=["ll.cursor"], after=after)
+
+    got = reserve(None)
+    assert [r.job.id for r in got] == first[:10]
+    postgres = connection.vendor == "postgresql"
+    assert got.cursor == (store.LongCursor(0, t0 + 9 * MILLISECOND - store.CURSOR_LAG,
+                                           t0 + 9 * MILLISECOND, first[9]) if postgres else None)
+    behind = put_at("ll.cursor", t0 - SECOND)  # its transaction began long before
+    in_band = put_at("ll.cursor", t0 + 9 * MILLISECOND - store.CURSOR_LAG / 2)
+    above = put_at("ll.cursor", t0 + HOUR, priority=5)  # due later, but first in order
+    below = put_at("ll.cursor", t0, priority=-5)
+    JobModel.objects.filter(id=above).update(next_run_at=t0)
+    cursor = got.cursor
+    got = reserve(cursor)
+    if not postgres:  # from the first row, in order
+        assert [r.job.id for r in got] == [above, behind, in_band, *first[10:17]]
+        assert {r.job.id for r in reserve(None)} == {*first[17:], below}
+        return
+    assert [r.job.id for r in got] == [above, in_band, *first[10:18]]
+    rest = reserve(got.cursor)
+    assert rest.cursor is None  # not full: the cursor before it stands
+    assert {r.job.id for r in rest} == {*first[18:], below}
+    assert [r.job.id for r in reserve(None)] == [behind]
+
+
+@pytest.mark.django_db(transaction=True)  # handler threads of their own
+def test_a_worker_that_finished_an_exclusive_code_reserves_from_the_first_row(
+        targets: Any, t0: datetime) -> None:
+    """A row of an exclusive code that ran when a reserve passed it lies behind the cursor:
+    the worker that ran the code reads from the first row once it finished, so the row is
+    taken at once, not at the next read from the first row a POLL_S later."""
+    ran: list[int | None] = []
+    release = threading.Event()
+
+    def exclusive(job: Job) -> None:
+        if not ran:
+            assert release.wait(10)
+        ran.append(job.id)
+
+    targets("ll.plain", handler=lambda job: ran.append(job.id), lane="long")
+    targets("ll.only", handler=exclusive, lane="long", exclusive=True)
+    settings = load_settings({"LONG_PREFETCH": 1, "LONG_BATCH": 2}, environ={})
+    worker_id = f"E-{uuid.uuid4().hex[:6]}"
+    lane = LongLane(worker_id, settings, PauseGate(worker_id, settings),
+                    monotonic=FakeMonotonic())  # no POLL_S passes: no read from the first row
+    only = [put("ll.only", t0 - 2 * SECOND, code="one"), put("ll.only", t0 - SECOND, code="one")]
+    plain = [put_at("ll.plain", t0 + i * MILLISECOND) for i in range(6)]
+    at = t0 + MINUTE
+
+    def run_until(done: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 10
+        while not done() and time.monotonic() < deadline:
+            lane.run_once(at)
+            time.sleep(0.02)
+        assert done(), ran
+
+    try:
+        run_until(lambda: set(plain) <= set(ran))  # the first row of "one" runs meanwhile
+        assert only[1] not in ran
+        assert (lane._cursor is not None) is (connection.vendor == "postgresql")  # SQLite: none
+        release.set()
+        run_until(lambda: only[1] in ran)
+    finally:
+        release.set()
+        lane.shutdown(wait=True)
+    assert ran[-2:] == only
+
+
+def test_a_worker_reserves_from_the_first_row_once_a_poll_s(targets: Any, t0: datetime
+                                                            ) -> None:
+    """Its reserves start at its cursor, and once a ``POLL_S`` at the first due row: a row
+    behind the cursor (a rescue put it back, its transaction began long before) waits no
+    longer than that."""
+    ran: list[int | None] = []
+    targets("ll.deep", handler=lambda job: ran.append(job.id), lane="long")
+    lane = long_worker("D", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    rows = [put_at("ll.deep", t0 + i * MILLISECOND) for i in range(25)]
+    at = t0 + MINUTE
+    assert [lane.run_once(at) for _ in range(3)] == [10, 10, 5]
+    behind = put_at("ll.deep", t0 - SECOND)
+    if connection.vendor == "postgresql":
+        assert lane.run_once(at) == 0  # after the cursor
+        lane._monotonic.advance(SETTINGS.POLL_S)  # type: ignore[attr-defined]
+    assert lane.run_once(at) == 1
+    assert ran == [*rows, behind]
