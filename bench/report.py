@@ -198,8 +198,10 @@ def shape_rows(o: Options) -> list[Row]:
         ("lat_fast_p99", "wake-up L p99, fast lane", "ms", False),
         ("lat_long_p50", f"wake-up L p50, long lane ({o.shapes_lat_n} jobs)", "ms", True),
         ("lat_long_p99", "wake-up L p99, long lane", "ms", False),
-        ("poll_ms", f"fast poll as a worker runs it, {o.shapes_fast_n:,} PENDING of one "
-         f"target (median of {o.shapes_poll_reps})", "ms", True),
+        ("poll_ms", f"fast poll as a worker runs it between deep reads, {o.shapes_fast_n:,} "
+         f"PENDING of one target (median of {o.shapes_poll_reps})", "ms", True),
+        ("deep_ms", "the deep read once a POLL_S (every target, from its first row)", "ms",
+         True),
         ("walk_ms", "the worker's backlog walk (once a POLL_S: the targets its poll read "
          "nothing of)", "ms", True),
         ("cost", "  the read's plan: the planner's cost (jit_above_cost: 100,000)", "cost",
@@ -258,7 +260,10 @@ def shape_rows(o: Options) -> list[Row]:
                      f"{i}", "x") for i in drains]
         statement = "fast poll" if lane == "fast" else "long reserve"
         for name, where in (("poll_empty", "the empty queue"),
-                            ("poll_rows", f"{o.shapes_poll_n:,} PENDING")):
+                            ("poll_rows", f"{o.shapes_poll_n:,} PENDING"),
+                            ("deep_empty", "the empty queue, from the first row (once a "
+                                           "POLL_S)"),
+                            ("deep_rows", f"{o.shapes_poll_n:,} PENDING, from the first row")):
             rows += [
                 Row(f"shapes:xmin:{lane}:{series}:{name}", f"Shapes, old snapshot: {statement} "
                     f"after the drains, {where}, {label} (median of {o.shapes_poll_reps})",

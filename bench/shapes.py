@@ -128,15 +128,25 @@ def fast_limits() -> tuple[dict[str, int], list[str]]:
             [t.name for t in fast if not takes_whole_poll(t)])
 
 
-def fast_poll(now: Any) -> int:
+def fast_poll(now: Any, after: dict[str, store.Cursor] | None = None,
+              active: Sequence[str] | None = None) -> int:
     """The fast lane's poll as one worker holding every partition runs it (prepared, the
-    worker's limits), by ``POLL_OWNER``, which holds no lease and so marks nothing."""
+    worker's limits), by ``POLL_OWNER``, which holds no lease and so marks nothing: a deep
+    read (every target, from its first due row), or with ``active`` the poll between
+    two (those targets only, the enqueue count unmoved), from the cursors ``after``."""
     settings = jobs_settings()
     limits, per_row = fast_limits()
+    seen = store.READ_ALL if active is None else enqueues_fast()
     return len(store.jobs_fast_poll(
         list(range(settings.PARTITIONS)), now, limits, owner=POLL_OWNER,
         token=uuid.uuid4().hex, per_row=per_row, per_row_send=settings.FAST_MARK_ROWS,
-        flush_lazily=settings.LAZY_FLUSH_AT_LEAST_ONCE).jobs)
+        flush_lazily=settings.LAZY_FLUSH_AT_LEAST_ONCE, after=after, always=active or (),
+        enqueues_seen=seen).jobs)
+
+
+def enqueues_fast() -> int:
+    """``store.ENQUEUES_FAST`` now."""
+    return sql(f"SELECT COALESCE(pg_sequence_last_value('{store.ENQUEUES_FAST}'), 0)")[0][0]
 
 
 def fast_due_sql(now: Any) -> tuple[str, Any]:
@@ -184,10 +194,10 @@ class _Rollback(Exception):
     pass
 
 
-def long_reserve_sql() -> tuple[str, Any]:
+def long_reserve_sql(after: store.LongCursor | None = None) -> tuple[str, Any]:
     """The long lane's reserve (``store.jobs_long_reserve``) as an idle worker's first poll
-    passes it: every registered long target, LONG_BATCH rows; captured in a rolled-back
-    transaction (nothing reserved)."""
+    passes it: every registered long target, LONG_BATCH rows, from the first due row or
+    the cursor ``after``; captured in a rolled-back transaction (nothing reserved)."""
     settings = jobs_settings()
     skip = _not_in_workers()
     mine = [t for t in registry.all_targets()
@@ -198,7 +208,7 @@ def long_reserve_sql() -> tuple[str, Any]:
             POLL_OWNER, uuid.uuid4().hex, store.db_now(), settings.LONG_LEASE_S,
             settings.LONG_BATCH, exclusive_targets=[t.name for t in mine if t.exclusive],
             targets=sorted(t.name for t in mine), start=True,
-            at_most_once_limit=settings.LONG_BATCH))
+            at_most_once_limit=settings.LONG_BATCH, after=after))
         raise _Rollback
     return next((q, p) for q, p in captured if q.lstrip().upper().startswith("WITH LOCKED"))
 
@@ -212,16 +222,17 @@ def median_ms(call: Callable[[], Any], reps: int) -> float:
     return statistics.median(times)
 
 
-def time_fast_poll(reps: int) -> float:
-    """Median ms of the worker's fast poll on the rows in the table now."""
+def time_fast_poll(reps: int, after: dict[str, store.Cursor] | None = None,
+                   active: Sequence[str] | None = None) -> float:
+    """Median ms of the worker's fast poll on the rows in the table now (``fast_poll``)."""
     now = store.db_now()
-    return median_ms(lambda: fast_poll(now), reps)
+    return median_ms(lambda: fast_poll(now, after, active), reps)
 
 
-def time_long_reserve(reps: int) -> float:
+def time_long_reserve(reps: int, after: store.LongCursor | None = None) -> float:
     """Median ms of the long lane's reserve statement, prepared as the worker's, each run in
     a transaction of its own that is rolled back (so every run finds the same rows)."""
-    query, params = long_reserve_sql()
+    query, params = long_reserve_sql(after)
     times = []
     with connection.cursor() as wrapper:
         cursor = wrapper.cursor  # psycopg's own: ``prepare`` as the store's fetch does
@@ -298,12 +309,14 @@ def shape_idle(o: Options, r: int) -> Metrics:
         print(f"    {n} idle targets per lane: wake-up p50 fast "
               f"{out[f'shapes:idle:{n}:lat_fast_p50']:.2f} ms, long "
               f"{out[f'shapes:idle:{n}:lat_long_p50']:.2f} ms; fast poll "
-              f"{poll['poll_ms']:.2f} ms, backlog walk {poll['walk_ms']:.2f} ms; the read's "
+              f"{poll['poll_ms']:.2f} ms, deep read {poll['deep_ms']:.2f} ms, backlog walk "
+              f"{poll['walk_ms']:.2f} ms; the read's "
               f"plan: cost {poll['cost']:,.0f}, planning {poll['plan_ms']:.2f} ms, run "
               f"{poll['exec_ms']:.2f} ms, of which JIT {poll['jit_ms']:.2f} ms", flush=True)
     base = o.shapes_idle[0]
     for n in o.shapes_idle[1:]:
-        for what in ("fast", "long", "lat_fast_p50", "lat_long_p50", "poll_ms", "walk_ms"):
+        for what in ("fast", "long", "lat_fast_p50", "lat_long_p50", "poll_ms", "deep_ms",
+                     "walk_ms"):
             out[f"shapes:idle:{n}:{what}:ratio"] = (out[f"shapes:idle:{n}:{what}"]
                                                     / out[f"shapes:idle:{base}:{what}"])
     write_idle_plans(o, plans)
@@ -328,7 +341,8 @@ def idle_poll(o: Options, n: int) -> tuple[Metrics, str]:
     }
     plans = {name: explain(*statements[name]) for name in statements}
     plans["poll_generic"] = explain_generic(*statements["poll"])
-    poll_ms = time_fast_poll(o.shapes_poll_reps)
+    poll_ms = time_fast_poll(o.shapes_poll_reps, active=[targets.AT_LEAST_ONCE])
+    deep_ms = time_fast_poll(o.shapes_poll_reps)
     walk_ms = median_ms(lambda: backlog_walk(now, found), max(3, o.shapes_poll_reps // 4))
     times = {name: plan_times(plan) for name, plan in plans.items()}
     due_sql, due_params = statements["read"]
@@ -345,8 +359,9 @@ def idle_poll(o: Options, n: int) -> tuple[Metrics, str]:
     text = (f"\n# {n} idle fast-lane targets (+ {n} long): {len(limits)} fast targets in the "
             f"poll's limits; the read: {len(due_params)} parameters, a text of "
             f"{len(due_sql):,} characters; {o.shapes_fast_n:,} PENDING rows of "
-            f"{targets.AT_LEAST_ONCE}, analysed. Timed: the poll {poll_ms:.2f} ms (median of "
-            f"{o.shapes_poll_reps}), the walk {walk_ms:.2f} ms\n\n"
+            f"{targets.AT_LEAST_ONCE}, analysed. Timed (median of {o.shapes_poll_reps}): the "
+            f"poll between deep reads {poll_ms:.2f} ms, the deep read {deep_ms:.2f} ms, the "
+            f"walk {walk_ms:.2f} ms\n\n"
             + "".join(f"  {name}: cost {t['cost']:,.0f}, planning {t['plan_ms']:.2f} ms, "
                       f"execution {t['exec_ms']:.2f} ms, of which JIT {t['jit_ms']:.2f} ms\n"
                       for name, t in times.items()))
@@ -357,7 +372,7 @@ def idle_poll(o: Options, n: int) -> tuple[Metrics, str]:
                  + "\n" + plans[name] + "\n")
     reset()
     read, poll, generic = times["read"], times["poll"], times["poll_generic"]
-    return ({"poll_ms": poll_ms, "walk_ms": walk_ms, **read,
+    return ({"poll_ms": poll_ms, "deep_ms": deep_ms, "walk_ms": walk_ms, **read,
              "poll_cost": poll["cost"], "poll_jit_ms": poll["jit_ms"],
              "poll_generic_cost": generic["cost"], "poll_generic_jit_ms": generic["jit_ms"],
              "walk_jit_ms": times["walk"]["jit_ms"],
@@ -586,6 +601,10 @@ def drain_in_place(o: Options, command: str, target: str, n: int, name: str
     dead_before = dead_count()
     fill(target, n)
     analyze()
+    # The last row in run order: the cursor the worker is left with once it handed it.
+    [last] = sql(f"SELECT next_run_at, id FROM {store.JOBS} WHERE status = 'PENDING' "
+                 "AND target = %s ORDER BY priority DESC, next_run_at DESC, id DESC LIMIT 1",
+                 [target])
     workers = Workers(o, command, 1, name)
     with running(workers):
         t_zero = time.perf_counter()
@@ -593,7 +612,7 @@ def drain_in_place(o: Options, command: str, target: str, n: int, name: str
                                                 deadline=t_zero + max(180.0, n / 20))
     return {"rate": rem_first / (t_end - t_first) if t_end > t_first else float("nan"),
             "startup_s": t_first - t_zero, "drain_s": t_end - t_first,
-            "dead": dead_count() - dead_before}
+            "dead": dead_count() - dead_before, "last": last}
 
 
 def size_kb(table: str) -> float:
@@ -632,21 +651,38 @@ def snapshot_series(o: Options, lane: str, held: bool, label: str = "shapes",
     try:
         with old_snapshot(held) as pid:
             got["xmin_held"] = float(holds_xmin(pid))
+            last: tuple[Any, int] | None = None
             for i in range(o.shapes_xmin_drains):
                 d = drain_in_place(o, command, target, o.shapes_xmin_n,
                                    f"{label}-xmin-{lane}-{series}-{i + 1}")
                 got["rates"].append(d["rate"])
                 got["startup_s"].append(d["startup_s"])
                 got["dead"] += d["dead"]
+                last = d["last"]
                 if on_drain:
                     on_drain(i + 1, d)
             got["xmin_held_after"] = float(holds_xmin(pid))
             got["size_jobs"] = size_kb(store.JOBS)
-            timer = time_fast_poll if lane == "fast" else time_long_reserve
-            got["poll_empty"] = timer(o.shapes_poll_reps)
+            assert last is not None
+            at, last_id = last
+            band_from = at - store.CURSOR_LAG
+
+            def poll() -> float:  # as the worker polls after the drains: from its cursor
+                if lane == "fast":
+                    return time_fast_poll(o.shapes_poll_reps,
+                                          {target: store.Cursor(band_from, at, last_id)},
+                                          active=[target])
+                return time_long_reserve(o.shapes_poll_reps,
+                                         store.LongCursor(0, band_from, at, last_id))
+
+            def deep() -> float:  # once a POLL_S: every target from its first due row
+                return (time_fast_poll if lane == "fast" else time_long_reserve)(
+                    o.shapes_poll_reps)
+
+            got["poll_empty"], got["deep_empty"] = poll(), deep()
             fill(target, o.shapes_poll_n)
             analyze()
-            got["poll_rows"] = timer(o.shapes_poll_reps)
+            got["poll_rows"], got["deep_rows"] = poll(), deep()
             got["unremovable_jobs"] = unremovable(store.JOBS)
             got["unremovable_partitions"] = unremovable(store.PARTITIONS)
     finally:
@@ -665,8 +701,8 @@ def shape_snapshot(o: Options, r: int) -> Metrics:
             key = f"shapes:xmin:{lane}:{series}"
             for i, rate in enumerate(got["rates"], 1):
                 out[f"{key}:{i}"] = rate
-            for name in ("poll_empty", "poll_rows", "size_jobs", "unremovable_jobs",
-                         "unremovable_partitions"):
+            for name in ("poll_empty", "poll_rows", "deep_empty", "deep_rows", "size_jobs",
+                         "unremovable_jobs", "unremovable_partitions"):
                 out[f"{key}:{name}"] = got[name]
             out[f"{key}:dead"] = got["dead"]
             if held:
@@ -676,13 +712,15 @@ def shape_snapshot(o: Options, r: int) -> Metrics:
                   + ", ".join(f"{rate:,.0f}" for rate in got["rates"])
                   + f" jobs/s; then {'poll' if lane == 'fast' else 'reserve'} "
                   f"{got['poll_empty']:.2f} ms empty, {got['poll_rows']:.2f} ms at "
-                  f"{o.shapes_poll_n:,} rows; jobs table {got['size_jobs']:,.0f} kB; dead row "
+                  f"{o.shapes_poll_n:,} rows (from the first row, once a POLL_S: "
+                  f"{got['deep_empty']:.2f}, {got['deep_rows']:.2f}); jobs table "
+                  f"{got['size_jobs']:,.0f} kB; dead row "
                   f"versions VACUUM could not remove: jobs {got['unremovable_jobs']:,.0f}, "
                   f"partitions {got['unremovable_partitions']:,.0f}", flush=True)
         for i in range(1, o.shapes_xmin_drains + 1):
             out[f"shapes:xmin:{lane}:ratio:{i}"] = (out[f"shapes:xmin:{lane}:held:{i}"]
                                                     / out[f"shapes:xmin:{lane}:none:{i}"])
-        for name in ("poll_empty", "poll_rows"):
+        for name in ("poll_empty", "poll_rows", "deep_empty", "deep_rows"):
             out[f"shapes:xmin:{lane}:{name}:ratio"] = (out[f"shapes:xmin:{lane}:held:{name}"]
                                                        / out[f"shapes:xmin:{lane}:none:{name}"])
     return out
