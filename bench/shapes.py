@@ -78,6 +78,7 @@ from jobs_engine import enqueue, registry, store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.lanes.fast import takes_whole_poll
 from jobs_engine.states import Lane
+from jobs_engine.store.dialect import fetch
 
 POLL_OWNER = "bench-shapes"  # a worker id that holds no partition: a poll marks nothing
 EXPLAIN_FILE = "explain_shapes_targets.txt"
@@ -118,14 +119,19 @@ def _not_in_workers() -> set[str]:
 
 def fast_limits() -> tuple[dict[str, int], list[str]]:
     """The limits a ``run_fast_lane`` worker passes to its poll (every registered fast
-    target, its batch size or FAST_BATCH; ``FastLane.run_once``) and its per-row targets."""
-    skip = _not_in_workers()
-    fast = sorted((t for t in registry.all_targets()
-                   if t.lane is Lane.FAST and not t.lossy and t.name not in skip),
-                  key=lambda t: t.name)
-    batch = jobs_settings().FAST_BATCH
-    return ({t.name: t.batch_size or batch for t in fast},
-            [t.name for t in fast if not takes_whole_poll(t)])
+    target, its batch size or FAST_BATCH; ``FastLane.run_once``) and its per-row targets;
+    made again only when the registered targets change, as the worker's."""
+    fast = registry.lane_targets(Lane.FAST)
+    if _limits_made.get("of") is not fast:
+        skip = _not_in_workers()
+        mine = [t for t in fast if t.name not in skip]
+        batch = jobs_settings().FAST_BATCH
+        _limits_made.update(of=fast, limits=({t.name: t.batch_size or batch for t in mine},
+                                             [t.name for t in mine if not takes_whole_poll(t)]))
+    return _limits_made["limits"]
+
+
+_limits_made: dict[str, Any] = {}
 
 
 def fast_poll(now: Any, after: dict[str, store.Cursor] | None = None,
@@ -230,20 +236,19 @@ def time_fast_poll(reps: int, after: dict[str, store.Cursor] | None = None,
 
 
 def time_long_reserve(reps: int, after: store.LongCursor | None = None) -> float:
-    """Median ms of the long lane's reserve statement, prepared as the worker's, each run in
-    a transaction of its own that is rolled back (so every run finds the same rows)."""
+    """Median ms of the long lane's reserve statement as the worker runs it: prepared by
+    the store's session cursor, in autocommit (a rollback would drop the prepared
+    statement, and each run would be planned again); the rows it reserved are put back
+    after each run, untimed, so every run finds the same rows."""
     query, params = long_reserve_sql(after)
     times = []
-    with connection.cursor() as wrapper:
-        cursor = wrapper.cursor  # psycopg's own: ``prepare`` as the store's fetch does
-        for _ in range(reps):
-            with contextlib.suppress(_Rollback), transaction.atomic():
-                cursor.execute("SELECT 1")  # the BEGIN goes out before the clock starts
-                started = time.perf_counter()
-                cursor.execute(query, params, prepare=True)
-                cursor.fetchall()
-                times.append((time.perf_counter() - started) * 1000)
-                raise _Rollback
+    for _ in range(reps):
+        started = time.perf_counter()
+        fetch(query, params, prepare=True)
+        times.append((time.perf_counter() - started) * 1000)
+        sql(f"UPDATE {store.JOBS} SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, "
+            "lease_until = NULL, running_code = NULL, started_at = NULL "
+            "WHERE claimed_by = %s AND status = 'RUNNING'", [POLL_OWNER])
     return statistics.median(times)
 
 

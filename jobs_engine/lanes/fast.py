@@ -59,7 +59,7 @@ from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.lanes.outcomes import Outcome, OutcomeKind, RunResult, judge
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.registry import Target, all_targets, get_target
+from jobs_engine.registry import Target, get_target, lane_targets
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -139,7 +139,7 @@ class Reads:
             return Read(listed, self.cursors, frozenset(listed), store.READ_ALL, deep=False)
         if self._monotonic() >= self._next_deep_read:
             self._next_deep_read = self._monotonic() + self.poll_s
-            return Read(limits, {}, frozenset(limits), store.READ_ALL, deep=True)
+            return Read(limits, {}, frozenset(), store.READ_ALL, deep=True)
         older = self._enqueues[0]
         return Read(limits, self.cursors, self.active,
                     store.READ_ALL if older is None else older, deep=False)
@@ -188,6 +188,7 @@ class FastLane:
         self._monotonic = monotonic
         self._time = DatabaseTime(store.db_now, monotonic)
         self.reads = Reads(settings.POLL_S, monotonic)
+        self._limits_of: tuple[tuple[Target, ...], dict[str, int], list[str]] | None = None
         # Polls whose outcomes a database fault kept from being written, by token (the main
         # thread writes them; the heartbeat thread reads the tokens).
         self._unwritten: dict[str, Unwritten] = {}
@@ -214,12 +215,9 @@ class FastLane:
         clock = DatabaseClock(now, self._monotonic)
         # Only targets registered here: another release's rows wait for its own workers.
         # The read skips paused targets itself.
-        fast = sorted((t for t in all_targets() if t.lane is Lane.FAST and not t.lossy),
-                      key=lambda t: t.name)
-        limits = {t.name: t.batch_size or self.settings.FAST_BATCH for t in fast}
+        limits, per_row = self._limits(lane_targets(Lane.FAST))
         if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
             limits = {name: min(n, store.WOKEN_POLL_ROWS) for name, n in limits.items()}
-        per_row = [t.name for t in fast if not takes_whole_poll(t)]
         read = self.reads.plan(held, limits, woken=woken, named=named)
         # One token per poll: marks, outcomes and the final clear carry it. From the read on
         # (it may mark rows), a database fault leaves the poll's outcomes to write later.
@@ -251,6 +249,15 @@ class FastLane:
         self._write(poll_out, clock())
         self.reads.handed(poll, read.limits, poll_out.results)
         return len(poll_out.results)
+
+    def _limits(self, fast: tuple[Target, ...]) -> tuple[dict[str, int], list[str]]:
+        """Each target's rows per poll, and the targets sent per row: made again only when
+        the registered targets change."""
+        if self._limits_of is None or self._limits_of[0] is not fast:
+            self._limits_of = (fast, {t.name: t.batch_size or self.settings.FAST_BATCH
+                                      for t in fast},
+                               [t.name for t in fast if not takes_whole_poll(t)])
+        return self._limits_of[1], self._limits_of[2]
 
     @staticmethod
     def _backlog_heads(held: list[int], now: datetime, limits: dict[str, int],

@@ -35,7 +35,7 @@ from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.registry import Target, all_targets, get_target
+from jobs_engine.registry import Target, get_target, lane_targets
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -203,13 +203,13 @@ class LongLane:
             return 0
         token = uuid.uuid4().hex
         # Only targets registered here: another release's rows wait for its own workers.
-        mine = [t for t in all_targets() if t.lane is Lane.LONG and not t.lossy]
+        mine = lane_targets(Lane.LONG)
         # One statement reserves and starts the rows, skipping paused targets (no separate
         # read of the pauses); rows of a target whose pause ran out come back unstarted.
         reserved = store.jobs_long_reserve(
             self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
             exclusive_targets=[t.name for t in mine if t.exclusive],
-            targets=sorted(t.name for t in mine), start=True,
+            targets=[t.name for t in mine], start=True,
             at_most_once_limit=free.at_most_once,
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
             after=self._reserve_from(woken),

@@ -50,6 +50,7 @@ from jobs_engine.store.dialect import (
     for_share,
     greatest,
     in_,
+    in_names,
     instant_array,
     int_array,
     is_postgres,
@@ -59,6 +60,7 @@ from jobs_engine.store.dialect import (
     json_param,
     json_rows,
     jsonb,
+    names_constant,
     planned_rows,
     read_dt,
     read_json,
@@ -584,6 +586,9 @@ class Cursor(NamedTuple):
 # as two polls before it knows no idle target has received a row since.
 ENQUEUES_FAST = "jobs_engine_enqueues_fast"
 READ_ALL = -1  # ``enqueues_seen`` for a read of every target
+_ENQUEUES_READ = f"COALESCE(pg_sequence_last_value('{ENQUEUES_FAST}'), 0)"
+# Evaluated once per statement (an InitPlan), so a branch of targets it gates is not read.
+_ENQUEUES_MOVED = f"(SELECT {_ENQUEUES_READ}) > %s"
 
 
 def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
@@ -603,26 +608,36 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     Which targets are read: on PostgreSQL those in ``always``, and every other one only
     when ``ENQUEUES_FAST`` is past ``enqueues_seen`` (``READ_ALL``: always), so a busy
     worker does not probe its idle targets poll after poll. The targets, their limits and
-    cursors go as arrays (one text literal each), unnested and read in a lateral join:
-    one text and one generic plan at any number of targets. With a list of values per
-    target the planner costed a full window for each, and past ``jit_above_cost`` (about
-    90 targets) every poll was compiled first: 1.5 s a poll at 500 targets, where the
-    read itself took 2 ms. SQLite reads every target, one ``UNION ALL`` branch each.
+    cursors are unnested and read in a lateral join: one generic plan at any number of
+    targets. With a list of values per target the planner costed a full window for each,
+    and past ``jit_above_cost`` (about 90 targets) every poll was compiled first: 1.5 s a
+    poll at 500 targets, where the read itself took 2 ms. Unless every target is in
+    ``always`` (a wake-up's few), the names and limits are constants of the text
+    (``_constant_targets``: a worker's registered targets, the same text poll after
+    poll), and only the targets in ``always`` or with a cursor go as parameters: an array
+    of 500 names, limits and cursors, dumped and parsed at every poll, cost more than the
+    read. SQLite reads every target, one ``UNION ALL`` branch each.
     """
     after = after or {}
     names = sorted(limits)
     if not is_postgres():
         return _fast_heads_sqlite(partitions, now, limits, names, whole_backlog, after)
-    cursors = [after.get(name) for name in names]
+    constant = not set(always) >= set(names)
+    listed = [name for name in names if name in always or name in after] if constant else names
+    cursors = [after.get(name) for name in listed]
     clock = dt(now)
     parts = int_array(partitions)
-    return _FAST_HEADS_PG[whole_backlog], [
-        text_array(names), int_array([limits[name] for name in names]),
-        instant_array([c.band_from if c else None for c in cursors]),
-        instant_array([c.at if c else None for c in cursors]),
-        int_array([c.id if c else 0 for c in cursors]),
-        "{" + ",".join("t" if name in always else "f" for name in names) + "}",
-        enqueues_seen, clock, clock, parts, clock, parts]
+    params = [text_array(listed), int_array([limits[name] for name in listed]),
+              instant_array([c.band_from if c else None for c in cursors]),
+              instant_array([c.at if c else None for c in cursors]),
+              int_array([c.id if c else 0 for c in cursors]),
+              "{" + ",".join("t" if name in always else "f" for name in listed) + "}"]
+    if constant:
+        text = _fast_heads_constant(whole_backlog, tuple((name, limits[name]) for name in names))
+        params += [enqueues_seen, text_array(listed)]
+    else:
+        text = _FAST_HEADS_PG[whole_backlog]
+    return text, [*params, enqueues_seen, clock, clock, parts, clock, parts]
 
 
 def _fast_window(whole_backlog: bool, target: str, limit: str) -> tuple[str, str]:
@@ -639,7 +654,9 @@ def _fast_window(whole_backlog: bool, target: str, limit: str) -> tuple[str, str
     return (f"{due} AND {head} {order}" if whole_backlog else f"{due} {order}"), head
 
 
-def _fast_heads_pg(whole_backlog: bool) -> str:
+def _fast_heads_pg(whole_backlog: bool, constant: str = "") -> str:
+    """The read of ``_fast_heads_sql``; ``constant``: a ``UNION ALL`` branch of the targets
+    not passed as parameters (``_fast_heads_constant``)."""
     window, head = _fast_window(whole_backlog, "w.target", "w.lim")
     partitions = "j.partition = ANY(%s::integer[])"
     # The lag band, then the rows after the cursor: two index ranges, in run order.
@@ -647,13 +664,14 @@ def _fast_heads_pg(whole_backlog: bool) -> str:
                          partitions=partitions)
     later = window.format(range="(j.next_run_at, j.id) > (w.after_at, w.after_id)",
                           partitions=partitions)
-    enqueues = f"(SELECT COALESCE(pg_sequence_last_value('{ENQUEUES_FAST}'), 0) AS n)"
+    enqueues = f"(SELECT {_ENQUEUES_READ} AS n)"
     return (
         f"SELECT j.*, w.probe, w.enqueues FROM (SELECT w.target, w.lim, w.band_from, "
         "w.after_at, w.after_id, c.n AS enqueues, "
         f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = w.target) AS probe "
-        "FROM unnest(%s::text[], %s::integer[], %s::timestamptz[], %s::timestamptz[], "
-        "%s::bigint[], %s::boolean[]) AS w(target, lim, band_from, after_at, after_id, always) "
+        "FROM (SELECT * FROM unnest(%s::text[], %s::integer[], %s::timestamptz[], "
+        "%s::timestamptz[], %s::bigint[], %s::boolean[]) AS a(target, lim, band_from, "
+        f"after_at, after_id, always){constant}) AS w "
         f"CROSS JOIN {enqueues} AS c WHERE (w.always OR c.n > %s) AND NOT EXISTS ("
         f"SELECT 1 FROM {PAUSES} p WHERE p.target = w.target AND p.paused_until > %s)) AS w "
         f"CROSS JOIN LATERAL (SELECT * FROM (({band}) UNION ALL ({later})) AS u "
@@ -661,6 +679,19 @@ def _fast_heads_pg(whole_backlog: bool) -> str:
 
 
 _FAST_HEADS_PG = {whole: _fast_heads_pg(whole) for whole in (False, True)}
+
+
+@lru_cache(maxsize=64)
+def _fast_heads_constant(whole_backlog: bool, limits: tuple[tuple[str, int], ...]) -> str:
+    """``_fast_heads_pg`` with ``limits`` (target, limit) as constants of the text, read
+    from the first due row, those passed as parameters (the last one: their names) left
+    out. A worker's registered targets make one text, kept by this cache and prepared."""
+    names = names_constant(tuple(name for name, _ in limits))
+    lims = int_array([limit for _, limit in limits])
+    return _fast_heads_pg(whole_backlog, (
+        " UNION ALL SELECT t.target, t.lim, '-infinity'::timestamptz, '-infinity'::timestamptz, "
+        f"0::bigint, false FROM unnest({names}, '{lims}'::integer[]) AS t(target, lim) "
+        f"WHERE {_ENQUEUES_MOVED} AND t.target <> ALL(%s::text[])"))
 
 
 def _fast_heads_sqlite(partitions: Sequence[int], now: datetime, limits: Mapping[str, int],
@@ -699,6 +730,12 @@ class FastPoll:
     last_read: Mapping[str, tuple[datetime, int]] = field(default_factory=dict)
     # ``ENQUEUES_FAST`` as the read found it (None: no row read, or SQLite)
     enqueues: int | None = None
+
+
+@lru_cache(maxsize=64)
+def _names_literal(names: tuple[str, ...]) -> str:
+    """``text_array`` of a worker's list of targets, made once."""
+    return text_array(names)
 
 
 _NEXT_RUN_AT = len(_JOB_COLUMNS)  # where a read row's next_run_at is, after a Job's columns
@@ -792,7 +829,9 @@ def jobs_fast_poll(
                         due.enqueues)
     union, params = _fast_heads_sql(partitions, now, limits, after=after, always=always,
                                     enqueues_seen=enqueues_seen)
-    single, single_params = in_("target", list(per_row))
+    # Whether the first target sends per row: one test of one name, whatever the count.
+    single = "(SELECT (SELECT min(target) FROM due) = ANY(%s::text[]))"  # an InitPlan
+    single_params = [_names_literal(tuple(per_row))]
     first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
                   "ORDER BY next_run_at, id LIMIT %s)")
     lazily = _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM first_send "
@@ -998,7 +1037,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     its next read from the first row.
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
-    target_clause, target_params = in_("j.target", targets)
+    target_clause, target_params = in_names("j.target", targets)
     not_paused = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
                   "AND p.paused_until > %s)")
     started_at = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
@@ -1012,7 +1051,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         return Reserved(_job(row), (read_json(row[18]) or []) if started else None)
 
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
-    excl_clause, excl_params = in_("j.target", exclusive_targets)
+    excl_clause, excl_params = in_names("j.target", exclusive_targets)
     # A candidate of an exclusive target whose code runs on some worker is not due. The
     # running codes are read once per statement (NOT IN an uncorrelated subquery): a
     # correlated test, planned on an empty queue, read the table once per candidate.
@@ -1046,7 +1085,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                 rows = fetch(
                     # Four ranges of the index, in its order, each locked as it is read;
                     # the next is read only while fewer rows than the limit were locked.
-                    "WITH " + ", ".join(f"locked_{name} AS ({candidates.format(range=where)})"
+                    "WITH " + ", ".join(f"locked_{name} AS ({candidates.replace("{range}", where)})"
                                         for name, where, _ in ranges)
                     + ", locked AS (SELECT * FROM (" + " UNION ALL ".join(
                         f"SELECT * FROM locked_{name}" for name, _, _ in ranges)
@@ -1136,7 +1175,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
 def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
     """When the next PENDING long-lane row of ``targets`` not yet due comes due: the lane
     sleeps no longer than that (a deferred job runs on time, not at the next idle poll)."""
-    target_clause, target_params = in_("target", targets)
+    target_clause, target_params = in_names("target", targets)
     rows = fetch(f"SELECT MIN(next_run_at) FROM {JOBS} WHERE lane = %s AND status = %s "
                  f"AND next_run_at > %s AND {target_clause}",
                  [Lane.LONG.value, _PENDING, dt(now), *target_params])

@@ -1407,3 +1407,20 @@ def test_a_count_read_before_its_rows_were_committed_still_gets_them_read(
         web.commit()  # and no count after it (this connection is no Django enqueue)
     assert worker.run(at) == 11
     assert len(late.extra["calls"]) == 1
+
+
+def test_targets_named_with_quotes_and_placeholders_are_read(targets: Any, t0: datetime,
+                                                             jobs_settings: Any) -> None:
+    """A worker's targets are constants of its statements' text on PostgreSQL (quoted
+    there, their ``%`` doubled for the driver): any name a target may have is read, by
+    the deep read, the poll between two and the backlog walk."""
+    names = ["fl.it's 100%s {a,b}", 'fl.quote"back\\slash', "fl.plain"]
+    for name in names:
+        targets(name, delivery_mode=DeliveryMode.AT_LEAST_ONCE)
+    worker = make_worker("A", jobs_settings(FAST_BATCH=10))
+    first = [put(name, t0) for name in names]
+    assert worker.run(t0) == 3  # the deep read
+    later = [put(name, t0) for name in names]
+    assert [worker.run(t0) for _ in range(3)] == [3, 0, 0]  # after the count moved
+    for name, ids in zip(names, zip(first, later, strict=True), strict=True):
+        assert [job.id for job in registry.get_target(name).extra["calls"]] == list(ids)

@@ -929,3 +929,20 @@ def test_a_worker_reserves_from_the_first_row_once_a_poll_s(targets: Any, t0: da
         lane._monotonic.advance(SETTINGS.POLL_S)  # type: ignore[attr-defined]
     assert lane.run_once(at) == 1
     assert ran == [*rows, behind]
+
+
+def test_targets_named_with_quotes_and_placeholders_are_reserved(targets: Any,
+                                                                 t0: datetime) -> None:
+    """The long lane's targets are constants of the reserve's text on PostgreSQL: any
+    name a target may have is reserved, exclusive ones too, and its later rows found."""
+    odd = "ll.it's 100%s {a,b}"
+    targets(odd, lane="long")
+    targets('ll.quote"back\\slash', lane="long", exclusive=True)
+    plain = put(odd, t0)
+    coded = put('ll.quote"back\\slash', t0, code="c1")
+    lane = long_worker("A")
+    assert lane.run_once(t0) == 2
+    assert not JobModel.objects.filter(id__in=[plain, coded]).exists()
+    put(odd, t0 + timedelta(hours=1))
+    assert lane.run_once(t0) == 0
+    assert store.jobs_long_next_due([odd], t0) == t0 + timedelta(hours=1)

@@ -21,7 +21,13 @@ from jobs_engine import (
 )
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
-from jobs_engine.registry import Target, all_targets, get_target, unregister_target
+from jobs_engine.registry import (
+    Target,
+    all_targets,
+    get_target,
+    lane_targets,
+    unregister_target,
+)
 
 NAME = "t:registry-test"
 
@@ -170,3 +176,20 @@ def test_payload_json_true_is_deprecated_naming_what_to_read() -> None:
     unregister_target("t:deprecated-raw")
 
 
+
+
+def test_lane_targets_follow_registration_and_removal(targets: Any) -> None:
+    """A worker asks for its lane's targets at every poll and gets the list made once;
+    registering or dropping a target makes it again."""
+    before = lane_targets(Lane.FAST)
+    assert lane_targets(Lane.FAST) is before
+    targets("reg.lane-b")
+    targets("reg.lane-a")
+    targets("reg.lossy", lossy=True)
+    targets("reg.long", lane="long")
+    names = [t.name for t in lane_targets(Lane.FAST)]
+    assert {"reg.lane-a", "reg.lane-b"} <= set(names) and names == sorted(names)
+    assert "reg.lossy" not in names and "reg.long" not in names
+    assert "reg.long" in [t.name for t in lane_targets(Lane.LONG)]
+    unregister_target("reg.lane-a")
+    assert "reg.lane-a" not in [t.name for t in lane_targets(Lane.FAST)]
