@@ -198,6 +198,9 @@ def shape_rows(o: Options) -> list[Row]:
         ("lat_fast_p99", "wake-up L p99, fast lane", "ms", False),
         ("lat_long_p50", f"wake-up L p50, long lane ({o.shapes_lat_n} jobs)", "ms", True),
         ("lat_long_p99", "wake-up L p99, long lane", "ms", False),
+        ("lat_fast_at_least_once_p50", f"wake-up L p50, fast lane at least once "
+         f"({o.shapes_lat_n} jobs; its mark's commit does not wait for the flush)", "ms", False),
+        ("lat_fast_at_least_once_p99", "wake-up L p99, fast lane at least once", "ms", False),
         ("poll_ms", f"fast poll as a worker runs it between deep reads, {o.shapes_fast_n:,} "
          f"PENDING of one target (median of {o.shapes_poll_reps})", "ms", True),
         ("deep_ms", "the deep read once a POLL_S (every target, from its first row)", "ms",
@@ -522,7 +525,8 @@ def shape_notes(o: Options) -> str:
         "the lane's statement timed on the empty queue and on "
         f"{o.shapes_poll_n:,} PENDING rows (after ANALYZE): the fast poll as above; the "
         "long reserve as an idle worker's (store.jobs_long_reserve, every registered long "
-        "target, LONG_BATCH rows), prepared, each run in a transaction rolled back. "
+        "target, LONG_BATCH rows), prepared, in autocommit as the worker runs it, the rows it "
+        "reserved put back after each run, untimed. "
         "Sizes: pg_total_relation_size after the drains; then, the snapshot still held, a "
         "VACUUM of the table and its n_dead_tup: the dead row versions it could not remove. "
         "The engine's tables are vacuumed after a held series.")

@@ -38,7 +38,10 @@ LATENCY = "bench.latency"
 LATENCY_LONG = "bench.latency_long"  # the same probe on the long lane
 
 # The latency probe's target and worker command per lane (``workloads.latency_run``).
-LATENCY_BY_LANE = {"fast": (LATENCY, "run_fast_lane"), "long": (LATENCY_LONG, "run_long_lane")}
+# The fast lane's probe at least once: its mark commits without waiting for the WAL flush.
+LATENCY_AT_LEAST_ONCE = "bench.latency_at_least_once"
+LATENCY_BY_LANE = {"fast": (LATENCY, "run_fast_lane"), "long": (LATENCY_LONG, "run_long_lane"),
+                   "fast_at_least_once": (LATENCY_AT_LEAST_ONCE, "run_fast_lane")}
 
 LAT_FILE_ENV = "BENCH_LAT_FILE"
 
@@ -172,6 +175,8 @@ def register() -> None:
         (LONG_EXCLUSIVE, noop, {"lane": Lane.LONG, "exclusive": True}),
         (LATENCY, record_start, {"lane": Lane.FAST}),
         (LATENCY_LONG, record_start, {"lane": Lane.LONG}),
+        (LATENCY_AT_LEAST_ONCE, record_start, {"lane": Lane.FAST,
+                                               "delivery_mode": DeliveryMode.AT_LEAST_ONCE}),
     ]
     known = {t.name for t in registry.all_targets()}
     for name, handler, kwargs in specs:
