@@ -8,7 +8,9 @@ MongoDB implementation of a hot query, say) starts by reading this file.
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import time
 import weakref
 from collections.abc import Sequence
@@ -63,13 +65,26 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
     db = conn(using)
     if prepare and db.vendor == "postgresql":
         cursor = _prepared_cursor(db)  # the session's own, kept open: not closed here
-        cursor.execute(sql, params)
+        cursor.execute(native_placeholders(sql), params)
         return cursor.fetchall() if cursor.description else []
     with db.cursor() as cursor:
         if db.vendor == "postgresql":
             _load_timestamptz(cursor.cursor)
         cursor.execute(sql, params)
         return cursor.fetchall() if cursor.description else []
+
+
+@lru_cache(maxsize=512)
+def native_placeholders(sql: str) -> str:
+    """``sql`` with PostgreSQL's own placeholders (``$1``, ``$2``, ...) for the session's
+    ``RawCursor``, made once per text. psycopg converts ``%s`` at every execution, and
+    caches the conversion only for texts under 4 kB: the long-lane reserve with 500
+    registered targets (49 kB) spent 0.3 ms a reserve in it, the fast poll 0.1 ms."""
+    numbers = itertools.count(1)
+    return _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(numbers)}", sql)
+
+
+_PLACEHOLDER = re.compile("%%|%s")
 
 
 def _load_timestamptz(cursor: Any) -> None:
@@ -171,7 +186,7 @@ def _prepared_cursor(db: Any) -> Any:
     # reconnect makes a new cursor, and the old one goes with its connection.
     kept = getattr(db, "_jobs_engine_cursor", None)
     if kept is None or kept.connection is not raw_connection:
-        kept = psycopg.Cursor(raw_connection)
+        kept = psycopg.RawCursor(raw_connection)  # ``native_placeholders``
         _load_timestamptz(kept)
         db._jobs_engine_cursor = kept
     return _wrapped(db, kept)
