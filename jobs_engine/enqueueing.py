@@ -198,24 +198,28 @@ def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: 
         target.name, target.name, target.lane._value_, target.delivery_mode._value_,
         f"[{payloads}]", settings.PARTITIONS, trace_id or None, actor, tenant, using)
     if ids:
-        wake_workers(target.lane._value_, {target.name}, settings, using)
+        wake_workers(target.lane._value_, {target.name}, settings, using, ids.waiting)
     return [EnqueueResult(True, job_id) for job_id in ids]
 
 
 class _WakeAfterCommit:
     """The after-commit wake-up of one transaction's enqueues: their lanes and targets, one
-    statement."""
+    statement, run only if one of them found a worker waiting (``waiting``)."""
 
-    __slots__ = ("targets_by_lane", "using")
+    __slots__ = ("targets_by_lane", "using", "waiting")
 
     def __init__(self, using: str | None) -> None:
         self.targets_by_lane: dict[str, set[str]] = {}
         self.using = using
+        self.waiting = False
 
-    def add(self, lane: str, targets: set[str]) -> None:
+    def add(self, lane: str, targets: set[str], waiting: bool) -> None:
         self.targets_by_lane.setdefault(lane, set()).update(targets)
+        self.waiting |= waiting
 
     def __call__(self) -> None:
+        if not self.waiting:
+            return
         try:
             store.workers_wake(self.targets_by_lane, self.using)
         except DatabaseError:  # committed: the workers find the rows at their next poll
@@ -223,29 +227,34 @@ class _WakeAfterCommit:
                            ",".join(sorted(self.targets_by_lane)), exc_info=True)
 
 
-def wake_workers(lane: str, targets: set[str], settings: JobsSettings, using: str | None
-                 ) -> None:
+def wake_workers(lane: str, targets: set[str], settings: JobsSettings, using: str | None,
+                 waiting: bool) -> None:
     """Once the caller's transaction commits, wake the workers that wait on ``lane`` for
-    ``targets``.
+    ``targets``, if its insert found one waiting (``waiting``).
 
     After the commit, not in it: a NOTIFY in the enqueue's transaction held a
     database-wide lock through its commit, so enqueuing transactions committed one at a
-    time; and a worker only needs a wake-up while it sleeps (``store.workers_wake``). A
-    transaction Django does not manage (autocommit off, no ``atomic``) has no
-    after-commit hook: its NOTIFY rides it, as every enqueue's did before.
+    time. And only when a worker waited as the rows were inserted: a statement after
+    every commit was a second round trip for nothing while the workers were busy. A
+    worker that asks later, before the commit, finds the transaction holding its lanes'
+    lock and looks again soon (``store.wakeups_wanted``). A transaction Django does not
+    manage (autocommit off, no ``atomic``) has no after-commit hook: its NOTIFY rides it.
     """
     if not settings.NOTIFY or not store.is_postgres(using):
         return
     db = transaction.get_connection(using)
     if not db.in_atomic_block and not db.get_autocommit():
-        store.workers_notify([lane], using)
+        if waiting:
+            store.workers_notify([lane], using)
         return
     for _savepoints, callback, _robust in db.run_on_commit:
         if isinstance(callback, _WakeAfterCommit):
-            callback.add(lane, targets)
+            callback.add(lane, targets, waiting)
             return
+    if not waiting and not db.in_atomic_block:
+        return  # autocommit, nobody waited: nothing to run after this commit
     wake = _WakeAfterCommit(using)
-    wake.add(lane, targets)
+    wake.add(lane, targets, waiting)
     transaction.on_commit(wake, using=using)  # in autocommit: now
 
 
@@ -274,10 +283,12 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
             durable.append(row)
     # One statement: atomic on its own in autocommit, part of the caller's transaction
     # inside one (no savepoint needed, ON CONFLICT cannot fail it).
-    inserted = store.jobs_insert_many(durable, timezone.now(), using) if durable else {}
+    inserted = (store.jobs_insert_many(durable, timezone.now(), using) if durable
+                else store.Inserted())
     for lane in {row.lane for row in durable if row.dedupe_key in inserted}:
         wake_workers(lane, {row.target for row in durable
-                            if row.lane == lane and row.dedupe_key in inserted}, settings, using)
+                            if row.lane == lane and row.dedupe_key in inserted}, settings,
+                     using, inserted.waiting)
     existing: dict[str, int] = {}
     missing = [row.dedupe_key for row in durable if row.dedupe_key not in inserted]
     if missing:

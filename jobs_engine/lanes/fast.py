@@ -108,9 +108,11 @@ class Reads:
     they stop being read at every poll: a row retried, a pause's probe, a row due later
     come up among them as soon as they are due. ``_enqueues``: the enqueue count as the
     last two polls read it; a poll reads its other targets when the count moved since the
-    older of the two. The older, because a count taken by an enqueue after its commit may
-    be read by a poll whose snapshot began before that commit: the poll after it sees the
-    rows.
+    older of the two. The older, because a count read by a poll may include an enqueue
+    that committed after that poll's snapshot began; and a count read while an enqueue was
+    open (it held the lane's lock) is none to compare with: that enqueue may commit any
+    time after. Read with no enqueue open, every enqueue it counts committed before the
+    next poll began, and that poll read the targets if the count had moved.
     """
 
     def __init__(self, poll_s: float, monotonic: Callable[[], float]) -> None:
@@ -148,7 +150,7 @@ class Reads:
         """After a read: its targets are active, and its enqueue count the newest."""
         until = self._monotonic() + ACTIVE_S
         self._active.update((job.target, until) for job in poll.jobs)
-        self._enqueues = (self._enqueues[1], poll.enqueues)
+        self._enqueues = (self._enqueues[1], None if poll.enqueues_open else poll.enqueues)
 
     def handed(self, poll: store.FastPoll, limits: dict[str, int],
                results: Sequence[RunResult]) -> None:

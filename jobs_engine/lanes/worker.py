@@ -60,6 +60,9 @@ GC_GEN0_THRESHOLD = 10_000
 LISTEN_CONNECT_TIMEOUT_S = 3
 LISTEN_RETRY_FIRST_S = 1.0
 LISTEN_RETRY_MAX_S = 30.0
+# How soon a worker that asked while an enqueue was open looks again (then doubling, up
+# to its sleep): such an enqueue commits within its statement's time in autocommit.
+RECHECK_FIRST_S = 0.002
 
 
 def tune_garbage_collector() -> None:
@@ -311,12 +314,17 @@ class WorkerProcess:
         # and no NOTIFY answered since.
         asked_at: float | None = None
         ask = checking = False
+        # An enqueue was open as the worker asked (``store.wakeups_wanted``: it may have
+        # looked before the ask, and then wakes nobody at its commit): the worker looks
+        # again after ``recheck_s``, doubled each time it is still open, not its sleep.
+        enqueue_open, recheck_s = False, 0.0
         while not self.wakeup.stopping:
             if ask:
                 asked = self._survive("wake-up request",
                                       functools.partial(store.wakeups_wanted, self.notified_lanes),
-                                      None)
+                                      True)
                 asked_at = time.monotonic() if asked.ok else None
+                enqueue_open = asked.ok and not asked.value
                 ask, checking = False, True
             delays = []
             handled_total = 0
@@ -348,7 +356,13 @@ class WorkerProcess:
             idle = 0 if handled_total else idle + (not checking)  # the check is no idle poll
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)
-            checking = False
+            recheck = checking and enqueue_open and not handled_total and not faulted and wait > 0
+            if recheck:
+                recheck_s = min(max(2 * recheck_s, RECHECK_FIRST_S), wait)
+                wait = recheck_s
+            elif checking or handled_total:
+                recheck_s = 0.0
+            checking = enqueue_open = False
             if (wait > 0 and not faulted and asked_at is None and self.notified_lanes
                     and self.wakeup.listening):
                 ask, woken = True, False
@@ -356,6 +370,8 @@ class WorkerProcess:
             slept_through = not self.wakeup.wait(wait)
             if self.wakeup.notified:
                 asked_at = None  # answered: ask again before the next sleep
+            elif recheck:
+                ask = True  # ask again, then look
             elif (slept_through and asked_at is not None
                   and time.monotonic() - asked_at >= self.settings.POLL_S):
                 ask = True  # a wake-up lost (its sender died before its commit) ends here

@@ -74,6 +74,7 @@ from jobs_engine.store.dialect import (
 from jobs_engine.text import clean
 
 __all__ = [
+    "ASK_FUNCTION",
     "CLOSED",
     "CLOSED_COLUMNS",
     "COUNTERS",
@@ -83,6 +84,8 @@ __all__ = [
     "DONE_NOT_KEPT",
     "ENQUEUE",
     "ENQUEUES_FAST",
+    "ENQUEUING_FUNCTION",
+    "FAST_ENQUEUES_FUNCTION",
     "FLOWS",
     "FLOW_STEPS",
     "FLOW_STEP_KEY_PREFIX",
@@ -113,6 +116,8 @@ __all__ = [
     "Done",
     "FastPoll",
     "Guard",
+    "Inserted",
+    "InsertedIds",
     "LongCursor",
     "NewJob",
     "Reserved",
@@ -165,6 +170,22 @@ NOTIFY_CHANNEL = "jobs_engine"
 INSERT_ROWS_FUNCTION = "jobs_engine_enqueue_rows"  # migration 0019 (0015, 0016 before it)
 INSERT_PAYLOADS_FUNCTION = "jobs_engine_enqueue_payloads"  # migration 0019: payloads only
 WAKE_FUNCTION = "jobs_engine_wake"  # migration 0019
+ENQUEUING_FUNCTION = "jobs_engine_enqueuing"  # migration 0020, as the three below
+ASK_FUNCTION = "jobs_engine_ask"
+FAST_ENQUEUES_FUNCTION = "jobs_engine_fast_enqueues"
+
+
+class Inserted(dict[str, int]):
+    """``jobs_insert_many``'s rows, dedupe key -> id; ``waiting``: a worker of the rows'
+    lanes waited for a wake-up when they were inserted (``ENQUEUING_FUNCTION``)."""
+
+    waiting = False
+
+
+class InsertedIds(list[int]):
+    """``jobs_insert_payloads``'s ids; ``waiting`` as ``Inserted``'s."""
+
+    waiting = False
 # The shard a session's appended statistics rows name (``JobStatShard``: where they came
 # from; the rows are never updated).
 STATS_SHARDS = 64
@@ -271,7 +292,7 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     confirmation were an eighth of the insert.
     """
     if not rows:
-        return {}
+        return Inserted()
     arbiter = any(row.dedupe_key_given for row in rows)
     if is_postgres(using):
         return _jobs_insert_by_function(rows, using, arbiter)
@@ -279,10 +300,10 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     source, params = table([_row_values(row, dt(row.run_at, using)) for row in rows],
                            _INSERT_TYPES, using=using, arrays_from=1, as_json=True)
     stamp_params = clock_params(now, using)
-    return {row[1]: row[0] for row in fetch(
+    return Inserted({row[1]: row[0] for row in fetch(
         f"WITH u({', '.join(_INSERT_COLUMNS)}) AS ({source}), "
         + _insert_many_sql(using, keyed, arbiter),
-        [*params, *stamp_params, *stamp_params], using)}
+        [*params, *stamp_params, *stamp_params], using)})
 
 
 def _row_values(row: NewJob, run_at: Any) -> tuple[Any, ...]:
@@ -296,16 +317,26 @@ def _row_values(row: NewJob, run_at: Any) -> tuple[Any, ...]:
 
 
 def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter: bool
-                             ) -> dict[str, int]:
+                             ) -> Inserted:
     """``jobs_insert_many`` on PostgreSQL: one call of a function, the rows one JSON text;
     with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every dedupe key, without. Its
     insert, each key's head lookup included, is planned once per session, prepared
     statements or not (migration 0015); the call itself is prepared where the connection
-    allows it."""
-    return {found[1]: found[0] for found in fetch_insert(
-        f"SELECT job_id, job_dedupe_key FROM {INSERT_ROWS_FUNCTION}(%s::jsonb, %s)",
-        [json_rows([_row_values(row, row.run_at) for row in rows]), arbiter], using,
-        plan_may_be_kept=True)}
+    allows it. The same statement asks whether a worker waits (``_ENQUEUING``)."""
+    found = fetch_insert(
+        f"SELECT r.job_id, r.job_dedupe_key, w.waiting FROM {INSERT_ROWS_FUNCTION}"
+        f"(%s::jsonb, %s) AS r, {_ENQUEUING}",
+        [json_rows([_row_values(row, row.run_at) for row in rows]), arbiter,
+         text_array(sorted({row.lane for row in rows}))], using, plan_may_be_kept=True)
+    inserted = Inserted({row[1]: row[0] for row in found})
+    inserted.waiting = any(row[2] for row in found)
+    return inserted
+
+
+# The enqueue's look at its lanes (migration 0020): their lock, taken shared until its
+# transaction ends, the fast-lane count, and whether a worker of them waits. A function
+# scan of its own, evaluated once per statement whatever the number of rows.
+_ENQUEUING = f"{ENQUEUING_FUNCTION}(%s::text[]) AS w(waiting)"
 
 
 @lru_cache(maxsize=8)
@@ -332,20 +363,23 @@ def _insert_many_sql(using: str | None, keyed: bool, arbiter: bool) -> str:
 def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
                          payloads_json: str, partitions: int, trace_id: str | None,
                          actor: dict[str, Any] | None, tenant_id: str | None,
-                         using: str | None = None) -> list[int]:
+                         using: str | None = None) -> InsertedIds:
     """Insert one PENDING row per payload of ``payloads_json`` (a JSON array of them) with
     every other column the target's, the call's or its default; the ids, in the payloads'
-    order.
+    order, and whether a worker waits (``InsertedIds``).
 
     PostgreSQL only: the server makes each row's dedupe key, partition and, without
     ``trace_id``, trace id (migrations 0014, 0016), so a batch costs Python its payloads'
     encoding and no more."""
-    return [found[0] for found in fetch_insert(
-        f"SELECT * FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, %s::jsonb, "
-        "%s::jsonb, %s)",
+    found = fetch_insert(
+        f"SELECT r.id, w.waiting FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, "
+        f"%s::jsonb, %s::jsonb, %s) AS r(id), {_ENQUEUING}",
         [code, target, lane, delivery_mode, partitions, trace_id,
-         json_param(actor) if actor is not None else None, payloads_json, tenant_id],
-        using, plan_may_be_kept=True)]
+         json_param(actor) if actor is not None else None, payloads_json, tenant_id,
+         text_array([lane])], using, plan_may_be_kept=True)
+    ids = InsertedIds(row[0] for row in found)
+    ids.waiting = any(row[1] for row in found)
+    return ids
 
 
 def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
@@ -370,21 +404,23 @@ def _lane_sequence(kind: str, lane: str) -> str:
     return f"jobs_engine_{kind}_{Lane(lane)._value_}"  # Lane(): only the engine's lanes
 
 
-def wakeups_wanted(lanes: Collection[str]) -> None:
-    """A worker about to sleep takes the next wait number of each of its lanes; the first
-    enqueue to commit after it sends the lane's NOTIFY (``workers_wake``). Taken before
-    the worker's last poll, so rows committed before it are found by that poll."""
-    fetch("SELECT " + ", ".join(f"nextval('{_lane_sequence('waits', lane)}')"
-                                for lane in sorted(lanes)))
+def wakeups_wanted(lanes: Collection[str]) -> bool:
+    """A worker about to sleep takes the next wait number of each of its lanes; an enqueue
+    that looks at the numbers after it sends the lane's NOTIFY after its commit
+    (``workers_wake``). Taken before the worker's last poll, so rows committed before it
+    are found by that poll. False: an enqueue of these lanes was open as the worker asked
+    (it holds their lock, ``ENQUEUING_FUNCTION``), and may have looked before the ask: the
+    worker looks again soon rather than sleep."""
+    return fetch(f"SELECT {ASK_FUNCTION}(%s::text[])",
+                 [text_array([Lane(lane)._value_ for lane in sorted(lanes)])])[0][0]
 
 
 def workers_wake(targets_by_lane: Mapping[str, Collection[str]], using: str | None = None
                  ) -> int:
-    """After an enqueue's commit, in autocommit: count a commit of fast-lane rows
-    (``ENQUEUES_FAST``), and NOTIFY each lane on which a worker took a wait number no
-    wake-up has answered yet; how many lanes were notified. Mostly a read of sequences: a
-    busy worker is not woken, and sixteen commits at once do not queue behind one NOTIFY
-    lock. A fast-lane notification names the commit's targets (``wake_payload``)."""
+    """After the commit of an enqueue that found a worker waiting, in autocommit: count a
+    commit of fast-lane rows (``ENQUEUES_FAST``), and NOTIFY each lane on which a worker
+    took a wait number no wake-up has answered yet; how many lanes were notified. A
+    fast-lane notification names the commit's targets (``wake_payload``)."""
     lanes = sorted(targets_by_lane)
     return fetch(f"SELECT {WAKE_FUNCTION}(%s::text[], %s::text[])",
                  [text_array([Lane(lane)._value_ for lane in lanes]),
@@ -581,9 +617,11 @@ class Cursor(NamedTuple):
     id: int
 
 
-# The enqueues of fast-lane rows so far: every enqueue's statement after its commit takes
-# the next number (``workers_wake``, migration 0019), so a poll that reads the same number
-# as two polls before it knows no idle target has received a row since.
+# The enqueues of fast-lane rows so far: every enqueue's insert takes the next number
+# (``ENQUEUING_FUNCTION``, under its lanes' lock), and so does the statement after its
+# commit when a worker waited. A poll reads the number and whether an enqueue held the
+# lock (``FAST_ENQUEUES_FUNCTION``): a poll that reads the number a poll two before it
+# read, while none was open, knows no idle target has received a row since (``Reads``).
 ENQUEUES_FAST = "jobs_engine_enqueues_fast"
 READ_ALL = -1  # ``enqueues_seen`` for a read of every target
 _ENQUEUES_READ = f"COALESCE(pg_sequence_last_value('{ENQUEUES_FAST}'), 0)"
@@ -597,7 +635,8 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
                     ) -> tuple[str, list[Any]]:
     """The heads of the targets in ``limits`` that are not paused: ``_JOB_COLUMNS``,
     ``next_run_at``, ``probe`` (the target's pause ran out: one of its rows may go as the
-    probe, ``PauseGate.probe_rows``) and ``enqueues`` (``ENQUEUES_FAST`` as read, or NULL).
+    probe, ``PauseGate.probe_rows``), ``enqueues`` (``ENQUEUES_FAST`` as read, or NULL) and
+    ``enqueues_open`` (an enqueue held the lane's lock then, or NULL).
 
     A target's heads are those among its first ``limit`` due rows (its window), so a deep
     backlog on few keys costs a poll ``limit`` rows, not the whole backlog; the later
@@ -664,10 +703,10 @@ def _fast_heads_pg(whole_backlog: bool, constant: str = "") -> str:
                          partitions=partitions)
     later = window.format(range="(j.next_run_at, j.id) > (w.after_at, w.after_id)",
                           partitions=partitions)
-    enqueues = f"(SELECT {_ENQUEUES_READ} AS n)"
+    enqueues = f"(SELECT n, open FROM {FAST_ENQUEUES_FUNCTION}())"
     return (
-        f"SELECT j.*, w.probe, w.enqueues FROM (SELECT w.target, w.lim, w.band_from, "
-        "w.after_at, w.after_id, c.n AS enqueues, "
+        f"SELECT j.*, w.probe, w.enqueues, w.enqueues_open FROM (SELECT w.target, w.lim, "
+        "w.band_from, w.after_at, w.after_id, c.n AS enqueues, c.open AS enqueues_open, "
         f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = w.target) AS probe "
         "FROM (SELECT * FROM unnest(%s::text[], %s::integer[], %s::timestamptz[], "
         "%s::timestamptz[], %s::bigint[], %s::boolean[]) AS a(target, lim, band_from, "
@@ -701,7 +740,8 @@ def _fast_heads_sqlite(partitions: Sequence[int], now: datetime, limits: Mapping
     part_clause, part_params = in_("j.partition", partitions)
     window = window.format(range="(j.next_run_at, j.id) > (%s, 0)", partitions=part_clause)
     paused = f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %s)"
-    per_target = (f"SELECT *, {paused} AS probe, NULL AS enqueues FROM ({window}) AS j "
+    per_target = (f"SELECT *, {paused} AS probe, NULL AS enqueues, NULL AS enqueues_open "
+                  f"FROM ({window}) AS j "
                   f"WHERE NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %s "
                   "AND p.paused_until > %s)" + ("" if whole_backlog else f" AND {head}"))
     clock = dt(now)
@@ -730,6 +770,7 @@ class FastPoll:
     last_read: Mapping[str, tuple[datetime, int]] = field(default_factory=dict)
     # ``ENQUEUES_FAST`` as the read found it (None: no row read, or SQLite)
     enqueues: int | None = None
+    enqueues_open: bool | None = None  # an enqueue was open as the count was read
 
 
 @lru_cache(maxsize=64)
@@ -742,7 +783,8 @@ _NEXT_RUN_AT = len(_JOB_COLUMNS)  # where a read row's next_run_at is, after a J
 
 
 def _read_fast(fetched: Sequence[Sequence[Any]]) -> FastPoll:
-    """``fetched``: rows of ``_JOB_COLUMNS``, ``next_run_at``, ``probe``, ``enqueues``, then
+    """``fetched``: rows of ``_JOB_COLUMNS``, ``next_run_at``, ``probe``, ``enqueues``,
+    ``enqueues_open``, then
     any columns of the caller's."""
     jobs = [_job(row) for row in fetched]
     last_read = {job.target: (read_dt(row[_NEXT_RUN_AT]), job.id)
@@ -751,7 +793,8 @@ def _read_fast(fetched: Sequence[Sequence[Any]]) -> FastPoll:
     return FastPoll(jobs, frozenset(job.target for job, row in zip(jobs, fetched, strict=True)
                                     if row[probe_at]),  # type: ignore[arg-type]
                     last_read=last_read,
-                    enqueues=fetched[0][probe_at + 1] if fetched else None)
+                    enqueues=fetched[0][probe_at + 1] if fetched else None,
+                    enqueues_open=fetched[0][probe_at + 2] if fetched else None)
 
 
 def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
@@ -781,7 +824,7 @@ def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str,
     union, params = _fast_heads_sql(partitions, now, limits, whole_backlog=whole_backlog,
                                     after=after, always=always, enqueues_seen=enqueues_seen)
     return _read_fast(fetch(
-        f"SELECT {_COLUMNS}, next_run_at, probe, enqueues FROM ({union}) AS due "
+        f"SELECT {_COLUMNS}, next_run_at, probe, enqueues, enqueues_open FROM ({union}) AS due "
         "ORDER BY next_run_at, id", params))
 
 
@@ -826,7 +869,7 @@ def jobs_fast_poll(
             [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
         return FastPoll(due.jobs, due.probing, first,
                         {p: ids for p, ids in wanted.items() if p in marked}, due.last_read,
-                        due.enqueues)
+                        due.enqueues, due.enqueues_open)
     union, params = _fast_heads_sql(partitions, now, limits, after=after, always=always,
                                     enqueues_seen=enqueues_seen)
     # Whether the first target sends per row: one test of one name, whatever the count.
@@ -848,7 +891,8 @@ def jobs_fast_poll(
         "SELECT %s, partition, %s, jsonb_agg(id), %s FROM first_send "
         "WHERE partition IN (SELECT partition FROM leased) GROUP BY partition "
         "RETURNING partition) "
-        f"SELECT {_COLUMNS}, next_run_at, probe, enqueues{lazily}, id IN (SELECT id FROM "
+        f"SELECT {_COLUMNS}, next_run_at, probe, enqueues, enqueues_open{lazily}, "
+        "id IN (SELECT id FROM "
         "first_send) AND partition IN (SELECT partition FROM marked) FROM due "
         "ORDER BY next_run_at, id",
         [*params, *single_params, per_row_send, owner, dt(now), token, owner, dt(now)],
@@ -861,7 +905,7 @@ def jobs_fast_poll(
             marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
     first = min((job.target for job in read.jobs), default=None)
     return FastPoll(read.jobs, read.probing, first if first not in read.probing else None,
-                    marks, read.last_read, read.enqueues)
+                    marks, read.last_read, read.enqueues, read.enqueues_open)
 
 
 # A pass of the worker that handed this many rows, more than the planner believes the

@@ -752,7 +752,7 @@ def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
     made_sql, given_sql = insert_of(made), insert_of(given)
     if is_postgres():
         assert store.INSERT_ROWS_FUNCTION in made_sql and store.INSERT_ROWS_FUNCTION in given_sql
-        arbiter = [call.call_args.args[1][-1] for call in (made_call, given_call)]
+        arbiter = [call.call_args.args[1][1] for call in (made_call, given_call)]
         assert arbiter == [False, True], (made_sql, given_sql)
     else:
         assert "ON CONFLICT" not in made_sql.upper(), made_sql

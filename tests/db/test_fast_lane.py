@@ -1386,9 +1386,11 @@ def test_a_wake_up_reads_the_targets_its_notifications_named(
 @pytest.mark.django_db(transaction=True)  # another connection commits a row
 def test_a_count_read_before_its_rows_were_committed_still_gets_them_read(
         targets: Any, t0: datetime, jobs_settings: Any) -> None:
-    """An enqueue counts its rows at the insert too, before its commit: a poll can read the
-    count moved and still not see the rows. So the next poll compares the count with the
-    one read two polls before, not one, and reads the target then."""
+    """An enqueue counts its rows at the insert, before its commit: a poll can read the
+    count moved and still not see the rows, and the polls after it read the same count
+    for as long as the enqueue stays open. The enqueue holds the lane's lock until its
+    commit, and a count read while it is held is none to compare with: the polls keep
+    reading every target, and the first after the commit finds the rows."""
     if connection.vendor != "postgresql":  # no count: every poll reads every target
         return
     from tests.db.test_enqueue import pg_connect
@@ -1402,9 +1404,11 @@ def test_a_count_read_before_its_rows_were_committed_still_gets_them_read(
     assert [worker.run(at) for _ in range(3)] == [10, 10, 10]
     with pg_connect() as web:  # a transaction of its own: counted at the insert, not committed
         web.execute(f"SELECT * FROM {store.INSERT_PAYLOADS_FUNCTION}('fl.late', 'fl.late', "
-                    "'fast', 'at_least_once', 64, NULL, NULL, '[1]'::jsonb, NULL)")
-        assert worker.run(at) == 10  # the count moved; the row is not there yet
-        web.commit()  # and no count after it (this connection is no Django enqueue)
+                    "'fast', 'at_least_once', 64, NULL, NULL, '[1]'::jsonb, NULL) AS r, "
+                    f"{store.ENQUEUING_FUNCTION}(ARRAY['fast'])")
+        # the count moved once, then stood; the row is not there yet
+        assert [worker.run(at) for _ in range(4)] == [10, 10, 10, 10]
+        web.commit()  # nobody waited: nothing counts after it
     assert worker.run(at) == 11
     assert len(late.extra["calls"]) == 1
 

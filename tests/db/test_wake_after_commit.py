@@ -1,11 +1,13 @@
 """An enqueue wakes the workers of its lanes that wait, once its transaction commits.
 
-A worker about to sleep asks for a wake-up (``store.wakeups_wanted``); the first enqueue to
-commit after it sends the lane's NOTIFY, from a statement after the commit
-(``enqueueing.wake_workers``). These tests hold each promise of that: nothing before the
-commit or after a rollback, nothing to a lane no worker waits on, one wake-up per ask,
-and no lost wake-up for a worker that asks while the enqueue's transaction is still open.
-SQLite has neither NOTIFY nor the statement (the ``listener`` fixture shows it).
+A worker about to sleep asks for a wake-up (``store.wakeups_wanted``); an enqueue whose
+insert finds the ask sends the lane's NOTIFY from a statement after its commit
+(``enqueueing.wake_workers``), and an enqueue that finds none runs nothing after it. These
+tests hold each promise of that: nothing before the commit or after a rollback, nothing to
+a lane no worker waits on, one wake-up per ask, no statement after a commit nobody waits
+for, and no lost wake-up for a worker that asks while the enqueue's transaction is still
+open (the enqueue holds its lanes' lock until its commit, and the ask says so). SQLite has
+neither NOTIFY nor the statement (the ``listener`` fixture shows it).
 """
 
 from __future__ import annotations
@@ -106,19 +108,63 @@ def test_the_wake_up_follows_the_commit_never_an_open_or_rolled_back_transaction
     assert notified(listener) == ["fast"], "the rollback used up the worker's ask"
 
 
-def test_a_worker_that_asks_while_the_enqueue_is_open_is_woken_at_its_commit(
+def ask(lanes: str) -> bool:
+    """A worker's ask from a connection of its own (``store.wakeups_wanted``)."""
+    with pg_connect(autocommit=True) as worker:
+        return worker.execute(f"SELECT {store.ASK_FUNCTION}(%s::text[])",
+                              ["{" + lanes + "}"]).fetchone()[0]
+
+
+def test_a_worker_that_asks_while_the_enqueue_is_open_is_told_so(
         listener: psycopg.Connection | None) -> None:
-    """The race a check at the insert would lose: the worker polled before the commit, so
-    it found nothing, then asked; the enqueue's transaction, open all along, commits. The
-    check after the commit sees the ask."""
+    """The race a look at the insert alone would lose: the worker polled before the
+    commit, so it found nothing, then asked; the enqueue, which looked before the ask,
+    wakes nobody at its commit. It holds its lanes' lock until then, so the ask says an
+    enqueue is open, and the worker looks again soon (``WorkerProcess._loop``)."""
     if listener is None:
         return
+    assert ask("fast") is True and ask("long") is True
+    enqueue("t:fast", 0)  # answers those asks
+    enqueue("t:long", 0)
+    assert sorted(notified(listener)) == ["fast", "long"]
     with transaction.atomic():
         enqueue("t:fast", 1)
-        with pg_connect(autocommit=True) as worker:
-            worker.execute("SELECT nextval('jobs_engine_waits_fast')")
+        assert ask("fast") is False, "the open enqueue was not seen"
+        assert ask("long") is True, "another lane's enqueue is not this lane's"
+        assert ask("long,fast") is False
         assert notified(listener) == []
-    assert notified(listener, 2) == ["fast"]
+    assert notified(listener) == [], "it looked before the asks"
+    assert ask("fast") is True, "the lock outlived the commit"
+    with pytest.raises(Boom), transaction.atomic():
+        enqueue("t:long", 2)
+        assert ask("long") is False
+        raise Boom
+    assert ask("long") is True, "the lock outlived the rollback"
+
+
+def test_an_enqueue_that_finds_no_worker_waiting_runs_no_statement_after_its_commit(
+        listener: psycopg.Connection | None) -> None:
+    """While the workers are busy, an enqueue is one statement: the look at the wait
+    numbers rides its insert."""
+    if listener is None:
+        return
+    enqueue("t:fast", 0)  # answers the asks earlier tests left
+    enqueue("t:long", 0)
+    notified(listener)
+    with CaptureQueriesContext(connection) as captured:
+        enqueue("t:fast", 1)
+        with transaction.atomic():
+            enqueue("t:fast", 2)
+            enqueue_many([{"target": "t:long", "payload": n} for n in range(3)])
+    assert wake_statements(captured) == 0
+    sent = [q["sql"] for q in captured.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(sent) == 3 and all(store.ENQUEUING_FUNCTION in q for q in sent), sent
+    assert notified(listener) == []
+    store.wakeups_wanted({"fast"})
+    with CaptureQueriesContext(connection) as captured:
+        enqueue("t:fast", 3)
+    assert wake_statements(captured) == 1
+    assert notified(listener) == ["fast"]
 
 
 def test_one_statement_wakes_every_lane_of_a_transaction(
@@ -135,10 +181,11 @@ def test_one_statement_wakes_every_lane_of_a_transaction(
             enqueue_many([{"target": "t:long", "payload": n} for n in range(3)])
         assert wake_statements(captured) == 1
     assert sorted(notified(listener)) == ["fast", "long"]
+    store.wakeups_wanted({"fast"})
     with CaptureQueriesContext(connection) as captured:
         enqueue("t:fast", 1)
         enqueue("t:fast", 2)
-    assert wake_statements(captured) == 2, "autocommit: one after each commit"
+    assert wake_statements(captured) == 1, "autocommit: after the commit that found the ask"
 
 
 def test_a_savepoint_rolled_back_leaves_the_wake_up_of_a_later_enqueue(
@@ -160,18 +207,23 @@ def test_a_savepoint_rolled_back_leaves_the_wake_up_of_a_later_enqueue(
 def test_a_transaction_django_does_not_manage_notifies_at_its_commit(
         listener: psycopg.Connection | None) -> None:
     """Autocommit off and no ``atomic``: there is no after-commit hook, so the NOTIFY
-    rides the transaction, whether or not a worker asked."""
+    rides the transaction when a worker waits, and nothing does when none waits."""
     if listener is None:
         return
     transaction.set_autocommit(False)
     try:
         enqueue("t:fast", 1)
+        transaction.commit()
+        assert notified(listener) == [], "nobody waited"
+        store.wakeups_wanted({"fast"})
+        transaction.commit()
+        enqueue("t:fast", 2)
         assert notified(listener) == []
         transaction.commit()
     finally:
         transaction.set_autocommit(True)
     assert notified(listener, 2) == ["fast"]
-    assert Job.objects.count() == 1
+    assert Job.objects.count() == 2
 
 
 def test_a_wake_up_that_fails_loses_no_job_and_raises_nothing(
@@ -224,11 +276,11 @@ def test_a_fast_lane_wake_up_names_the_targets_of_the_commit(
     assert store.wake_targets(got) == frozenset({'t:"quoted" \\ name', "t:fast"})
 
 
-def test_every_commit_of_fast_lane_rows_is_counted(listener: psycopg.Connection | None
+def test_every_insert_of_fast_lane_rows_is_counted(listener: psycopg.Connection | None
                                                    ) -> None:
-    """``ENQUEUES_FAST`` moves with every commit of fast-lane rows, and with their insert
-    (a transaction that never commits here, a test's, still tells a worker in it); a busy
-    worker reads its idle targets only when it moved."""
+    """``ENQUEUES_FAST`` moves with every insert of fast-lane rows, under the lane's lock,
+    and after a commit that found a worker waiting; a busy worker reads its idle targets
+    only when it moved (or an enqueue held the lock, ``Reads``)."""
     if listener is None:
         return
 
@@ -242,4 +294,7 @@ def test_every_commit_of_fast_lane_rows_is_counted(listener: psycopg.Connection 
         enqueue("t:fast", 1)
         inserted = count()
         assert inserted > before, "not counted at the insert"
-    assert count() > inserted, "not counted after the commit"
+    assert count() == inserted, "nobody waited: nothing ran after the commit"
+    store.wakeups_wanted({"fast"})
+    enqueue("t:fast", 2)
+    assert count() == inserted + (inserted - before) + 1, "not counted after the commit"

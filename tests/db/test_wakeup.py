@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from jobs_engine import enqueue, store
 from jobs_engine.conf import load_settings
@@ -286,3 +286,45 @@ def test_a_worker_whose_wake_up_was_lost_asks_again_after_its_sleep(
         committed = time.monotonic()
         job_id = enqueue("t:long", 1).job_id
         assert handled_at(calls, job_id, within=3) - committed < 1, "not woken by the NOTIFY"
+
+
+def test_a_worker_that_asks_while_an_enqueue_is_open_looks_again_soon(
+        targets: Callable[..., Target], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An enqueue that looked at the wait numbers before the worker asked wakes nobody at
+    its commit. It holds its lanes' lock until then, so the ask says it is open, and the
+    worker looks again within milliseconds instead of sleeping its 5 s."""
+    if not is_postgres():
+        assert sleeps_without_listener(Wakeup(listen=True))
+        return
+    calls: list[float] = []
+    targets("t:long", lambda job: calls.append(time.monotonic()), lane="long")
+    worker = WorkerProcess({"long"}, load_settings({"IDLE_POLL_S": [5], "POLL_S": 5}, environ={}))
+    real_ask = store.wakeups_wanted
+    opened, release = threading.Event(), threading.Event()
+    committed: list[tuple[int, float]] = []
+
+    def web() -> None:  # a request's transaction, open across the worker's ask
+        with connection.cursor() as cursor:  # earlier asks answered: nobody waits
+            cursor.execute("SELECT setval('jobs_engine_wakes_long', "
+                           "nextval('jobs_engine_waits_long'))")
+        with transaction.atomic():
+            job_id = enqueue("t:long", 1).job_id
+            opened.set()
+            release.wait(5)
+        committed.append((job_id, time.monotonic()))
+        connection.close()
+
+    def ask_while_open(lanes: set[str]) -> bool:
+        if not opened.is_set():
+            threading.Thread(target=web, daemon=True).start()
+            opened.wait(5)
+            threading.Timer(0.3, release.set).start()  # it commits after the ask
+        return real_ask(lanes)
+
+    monkeypatch.setattr(store, "wakeups_wanted", ask_while_open)
+    with looping(worker):
+        deadline = time.monotonic() + 5
+        while not committed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [(job_id, at)] = committed
+        assert handled_at(calls, job_id, within=3) - at < 0.5, "found at the sleep's end"
