@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import statistics
 import time
 import uuid
@@ -134,16 +135,28 @@ def backlog_sqlite(plain: int, keys: int, held: int, hot: int, n_long: int) -> N
 
 
 def capture_sql(call: Callable[[], Any]) -> list[tuple[str, Any]]:
-    """The statements ``call`` runs, with their parameters, as the backend got them."""
+    """The statements ``call`` runs, with their parameters, with ``%s`` placeholders (a
+    worker session's prepared statements reach the backend with PostgreSQL's own,
+    ``$1``..., made by ``store.dialect.native_placeholders``), to run on Django's cursor."""
     seen: list[tuple[str, Any]] = []
 
     def wrapper(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append((query, params))
+        seen.append((_percent_placeholders(query), params))
         return execute(query, params, many, context)
 
     with connection.execute_wrapper(wrapper):
         call()
     return seen
+
+
+def _percent_placeholders(query: str) -> str:
+    """``store.dialect.native_placeholders`` undone: ``$n`` back to ``%s``, ``%`` doubled."""
+    if not _NATIVE.search(query):
+        return query
+    return _NATIVE.sub("%s", query.replace("%", "%%"))
+
+
+_NATIVE = re.compile(r"\$\d+")
 
 
 class _Rollback(Exception):
