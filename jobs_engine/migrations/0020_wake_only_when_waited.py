@@ -29,25 +29,23 @@ CREATE OR REPLACE FUNCTION jobs_engine_enqueuing(p_lanes text[])
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    lane text;
-    waiting boolean := false;
+    fast boolean := 'fast' = ANY(p_lanes);
+    long boolean := 'long' = ANY(p_lanes);
 BEGIN
     -- The lock first, then the count and the look at the wait numbers: a worker that
-    -- asks after this look finds the lock held until this transaction ends.
-    FOREACH lane IN ARRAY p_lanes LOOP
-        PERFORM pg_advisory_xact_lock_shared({LOCK.format(lane="lane")});
-    END LOOP;
-    IF 'fast' = ANY(p_lanes) THEN
+    -- asks after this look finds the lock held until this transaction ends. The lanes'
+    -- names are written out: a sequence named at run time is looked up at every call.
+    IF fast THEN
+        PERFORM pg_advisory_xact_lock_shared({LOCK.format(lane="'fast'")});
         PERFORM nextval('jobs_engine_enqueues_fast');
     END IF;
-    FOREACH lane IN ARRAY p_lanes LOOP
-        IF COALESCE(pg_sequence_last_value(('jobs_engine_waits_' || lane)::regclass), 0)
-                > COALESCE(pg_sequence_last_value(('jobs_engine_wakes_' || lane)::regclass), 0)
-                THEN
-            waiting := true;
-        END IF;
-    END LOOP;
-    RETURN waiting;
+    IF long THEN
+        PERFORM pg_advisory_xact_lock_shared({LOCK.format(lane="'long'")});
+    END IF;
+    RETURN (fast AND COALESCE(pg_sequence_last_value('jobs_engine_waits_fast'), 0)
+                     > COALESCE(pg_sequence_last_value('jobs_engine_wakes_fast'), 0))
+        OR (long AND COALESCE(pg_sequence_last_value('jobs_engine_waits_long'), 0)
+                     > COALESCE(pg_sequence_last_value('jobs_engine_wakes_long'), 0));
 END
 $$
 """
