@@ -47,6 +47,9 @@ RESCUE_EVERY = timedelta(seconds=1)
 # (``LongLane.slots``); the moving average gives each new duration this weight.
 SHORT_HANDLER_MS = 10.0
 HANDLER_MS_WEIGHT = 0.2
+# A target the worker reserved rows of this recently is tested first by its reserve
+# (``store.jobs_long_reserve``'s ``likely``).
+LIKELY_S = 60.0
 _AT_MOST_ONCE = DeliveryMode.AT_MOST_ONCE.value
 
 
@@ -130,6 +133,8 @@ class LongLane:
         # An exclusive code this worker ran is free again: rows of it that reserves passed
         # over while it ran lie behind the cursor (set by the writer, read by the poll).
         self._code_freed = False
+        self._reserved_lately: dict[str, float] = {}  # target -> until (``_likely``)
+        self._mine_names: tuple[tuple[Target, ...] | None, frozenset[str]] = (None, frozenset())
         self._rescued_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
         self._running = 0  # rows whose handler has not returned (in hand: until written)
@@ -212,9 +217,11 @@ class LongLane:
             targets=[t.name for t in mine], start=True,
             at_most_once_limit=free.at_most_once,
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
-            after=self._reserve_from(woken),
+            after=self._reserve_from(woken), likely=self._likely(mine),
         )
         self._cursor = reserved.cursor or self._cursor
+        until = self._monotonic() + LIKELY_S
+        self._reserved_lately.update((r.job.target, until) for r in reserved)
         self._next_due_at = None
         if reserved:
             self._at_most_once_share = sum(r.job.delivery_mode == _AT_MOST_ONCE
@@ -242,6 +249,17 @@ class LongLane:
             else:
                 self._pool.submit(self._run_in_thread, *args)
         return len(ready)
+
+    def _likely(self, mine: tuple[Target, ...]) -> list[str]:
+        """The targets of ``mine`` this worker reserved rows of in the last ``LIKELY_S``
+        (``store.jobs_long_reserve``'s ``likely``): one dropped from the registry since is
+        not one to reserve."""
+        if self._mine_names[0] is not mine:
+            self._mine_names = (mine, frozenset(t.name for t in mine))
+        now = self._monotonic()
+        self._reserved_lately = {t: until for t, until in self._reserved_lately.items()
+                                 if until > now}
+        return [t for t in self._reserved_lately if t in self._mine_names[1]]
 
     def _reserve_from(self, woken: bool) -> store.LongCursor | None:
         """Where a reserve starts: after the cursor the last full reserve left (the rows

@@ -1051,8 +1051,8 @@ _ABOVE_EVERY_PRIORITY = 32767
 def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
                       exclusive_targets: Sequence[str] = (), targets: Sequence[str],
                       start: bool = False, at_most_once_limit: int | None = None,
-                      flush_lazily: bool = False, after: LongCursor | None = None
-                      ) -> ReservedRows:
+                      flush_lazily: bool = False, after: LongCursor | None = None,
+                      likely: Sequence[str] = ()) -> ReservedRows:
     """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
     and a lease, in priority order, skipping targets whose pause has not run out; of them
     at most ``at_most_once_limit`` at-most-once rows (None: no bound of their own). An
@@ -1079,9 +1079,17 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     row passed over because its exclusive code was running lies behind the cursor: the
     worker that ran the code reads from the first row next (``LongLane``), any other at
     its next read from the first row.
+
+    ``likely`` (PostgreSQL): targets among ``targets`` the worker reserved rows of lately,
+    tested first, as a parameter: a row of one of them is never tested against the whole
+    list, whose hashed constant PostgreSQL builds at each statement that tests a row
+    against it (0.35 ms of a woken reserve with 500 targets registered).
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
     target_clause, target_params = in_names("j.target", targets)
+    if is_postgres():  # one text with or without them
+        target_clause = f"(j.target = ANY(%s::text[]) OR {target_clause})"
+        target_params = [text_array(sorted(likely)), *target_params]
     not_paused = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
                   "AND p.paused_until > %s)")
     started_at = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
@@ -1218,11 +1226,13 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
 
 def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
     """When the next PENDING long-lane row of ``targets`` not yet due comes due: the lane
-    sleeps no longer than that (a deferred job runs on time, not at the next idle poll)."""
-    target_clause, target_params = in_names("target", targets)
-    rows = fetch(f"SELECT MIN(next_run_at) FROM {JOBS} WHERE lane = %s AND status = %s "
-                 f"AND next_run_at > %s AND {target_clause}",
-                 [Lane.LONG.value, _PENDING, dt(now), *target_params])
+    sleeps no longer than that (a deferred job runs on time, not at the next idle poll).
+    Prepared: an idle worker asks after each reserve that found nothing, and planning the
+    statement with 500 targets' names took 2 ms a call."""
+    target_clause, target_params = in_names("j.target", targets)
+    rows = fetch(f"SELECT MIN(j.next_run_at) FROM {JOBS} j WHERE {_LONG_PENDING} "
+                 f"AND j.next_run_at > %s AND {target_clause}",
+                 [dt(now), *target_params], prepare=True)
     return read_dt(rows[0][0]) if rows else None
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from jobs_engine import JobPolicy, store
+from jobs_engine import JobPolicy, registry, store
 from jobs_engine.conf import JobsSettings, load_settings
 from jobs_engine.enqueueing import enqueue, enqueue_many
 from jobs_engine.errors import TargetUnreachable
@@ -28,7 +28,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
-from jobs_engine.states import DeliveryMode, JobStatus
+from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race, statements
 
 pytestmark = pytest.mark.django_db
@@ -946,3 +946,22 @@ def test_targets_named_with_quotes_and_placeholders_are_reserved(targets: Any,
     put(odd, t0 + timedelta(hours=1))
     assert lane.run_once(t0) == 0
     assert store.jobs_long_next_due([odd], t0) == t0 + timedelta(hours=1)
+
+
+def test_a_target_reserved_lately_is_tested_first_and_dropped_with_the_registry(
+        targets: Any, t0: datetime) -> None:
+    """The reserve tests the targets the worker reserved rows of lately before the whole
+    list (``likely``): rows of other targets are still reserved, and a target dropped from
+    the registry since is not reserved, though it was likely."""
+    targets("ll.likely", lane="long")
+    targets("ll.other", lane="long")
+    lane = long_worker("L")
+    put("ll.likely", t0)
+    assert lane.run_once(t0) == 1
+    assert lane._likely(registry.lane_targets(Lane.LONG)) == ["ll.likely"]
+    other = put("ll.other", t0)
+    assert lane.run_once(t0) == 1 and not JobModel.objects.filter(id=other).exists()
+    dropped = put("ll.likely", t0)
+    registry.unregister_target("ll.likely")
+    assert lane.run_once(t0) == 0
+    assert row(dropped).status == JobStatus.PENDING
