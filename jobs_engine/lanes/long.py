@@ -107,6 +107,16 @@ def runs_exclusively(target_name: str) -> bool:
         return False
 
 
+def reserved_here(target_name: str) -> bool:
+    """Whether this lane reserves rows of ``target_name``: a long-lane target registered
+    here, not lossy (``lane_targets``)."""
+    try:
+        target = get_target(target_name)
+    except UnknownTarget:
+        return False
+    return target.lane is Lane.LONG and not target.lossy
+
+
 class LongLane:
     def __init__(self, worker_id: str, settings: JobsSettings, pauses: PauseGate, *,
                  threads: bool = True, monotonic: Callable[[], float] = time.monotonic,
@@ -134,7 +144,6 @@ class LongLane:
         # over while it ran lie behind the cursor (set by the writer, read by the poll).
         self._code_freed = False
         self._reserved_lately: dict[str, float] = {}  # target -> until (``_likely``)
-        self._mine_names: tuple[tuple[Target, ...] | None, frozenset[str]] = (None, frozenset())
         self._rescued_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
         self._running = 0  # rows whose handler has not returned (in hand: until written)
@@ -217,7 +226,7 @@ class LongLane:
             targets=[t.name for t in mine], start=True,
             at_most_once_limit=free.at_most_once,
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
-            after=self._reserve_from(woken), likely=self._likely(mine),
+            after=self._reserve_from(woken), likely=self._likely(),
         )
         self._cursor = reserved.cursor or self._cursor
         until = self._monotonic() + LIKELY_S
@@ -250,16 +259,14 @@ class LongLane:
                 self._pool.submit(self._run_in_thread, *args)
         return len(ready)
 
-    def _likely(self, mine: tuple[Target, ...]) -> list[str]:
-        """The targets of ``mine`` this worker reserved rows of in the last ``LIKELY_S``
-        (``store.jobs_long_reserve``'s ``likely``): one dropped from the registry since is
-        not one to reserve."""
-        if self._mine_names[0] is not mine:
-            self._mine_names = (mine, frozenset(t.name for t in mine))
+    def _likely(self) -> list[str]:
+        """The targets this worker reserved rows of in the last ``LIKELY_S``
+        (``store.jobs_long_reserve``'s ``likely``), but one dropped from the registry
+        since: not one to reserve."""
         now = self._monotonic()
         self._reserved_lately = {t: until for t, until in self._reserved_lately.items()
                                  if until > now}
-        return [t for t in self._reserved_lately if t in self._mine_names[1]]
+        return [t for t in self._reserved_lately if reserved_here(t)]
 
     def _reserve_from(self, woken: bool) -> store.LongCursor | None:
         """Where a reserve starts: after the cursor the last full reserve left (the rows

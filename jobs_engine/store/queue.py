@@ -787,12 +787,13 @@ def _read_fast(fetched: Sequence[Sequence[Any]]) -> FastPoll:
     ``enqueues_open``, then
     any columns of the caller's."""
     jobs = [_job(row) for row in fetched]
+    # Run order: the last wins. A stored row has its run time and id (None only in types).
     last_read = {job.target: (read_dt(row[_NEXT_RUN_AT]), job.id)
-                 for job, row in zip(jobs, fetched, strict=True)}  # run order: the last wins
+                 for job, row in zip(jobs, fetched, strict=True)}
     probe_at = _NEXT_RUN_AT + 1
     return FastPoll(jobs, frozenset(job.target for job, row in zip(jobs, fetched, strict=True)
-                                    if row[probe_at]),  # type: ignore[arg-type]
-                    last_read=last_read,
+                                    if row[probe_at]),
+                    last_read=last_read,  # type: ignore[arg-type]  # stored: never None
                     enqueues=fetched[0][probe_at + 1] if fetched else None,
                     enqueues_open=fetched[0][probe_at + 2] if fetched else None)
 
@@ -1221,6 +1222,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             except IntegrityError:
                 continue  # another worker runs this code right now
             found += [reserved(row) for row in rows]
+    # A reserved row is stored: its id is never None.
     return ReservedRows(sorted(found, key=lambda r: order[r.job.id]))  # type: ignore[index]
 
 

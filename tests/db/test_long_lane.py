@@ -28,7 +28,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
-from jobs_engine.states import DeliveryMode, JobStatus, Lane
+from jobs_engine.states import DeliveryMode, JobStatus
 from tests.helpers import FakeMonotonic, race, statements
 
 pytestmark = pytest.mark.django_db
@@ -44,10 +44,11 @@ class Crash(BaseException):
     """Stands for the worker process dying mid-run: nothing after the handler runs."""
 
 
-def long_worker(name: str, settings: JobsSettings = SETTINGS) -> LongLane:
+def long_worker(name: str, settings: JobsSettings = SETTINGS,
+                clock: FakeMonotonic | None = None) -> LongLane:
     worker_id = f"{name}-{uuid.uuid4().hex[:6]}"
     return LongLane(worker_id, settings, PauseGate(worker_id, settings), threads=False,
-                    monotonic=FakeMonotonic())
+                    monotonic=clock or FakeMonotonic())
 
 
 def put(target: str, at: datetime, *, code: str | None = None) -> int:
@@ -919,14 +920,15 @@ def test_a_worker_reserves_from_the_first_row_once_a_poll_s(targets: Any, t0: da
     longer than that."""
     ran: list[int | None] = []
     targets("ll.deep", handler=lambda job: ran.append(job.id), lane="long")
-    lane = long_worker("D", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    clock = FakeMonotonic()
+    lane = long_worker("D", load_settings({"LONG_PREFETCH": 1}, environ={}), clock)
     rows = [put_at("ll.deep", t0 + i * MILLISECOND) for i in range(25)]
     at = t0 + MINUTE
     assert [lane.run_once(at) for _ in range(3)] == [10, 10, 5]
     behind = put_at("ll.deep", t0 - SECOND)
     if connection.vendor == "postgresql":
         assert lane.run_once(at) == 0  # after the cursor
-        lane._monotonic.advance(SETTINGS.POLL_S)  # type: ignore[attr-defined]
+        clock.advance(SETTINGS.POLL_S)
     assert lane.run_once(at) == 1
     assert ran == [*rows, behind]
 
@@ -958,7 +960,7 @@ def test_a_target_reserved_lately_is_tested_first_and_dropped_with_the_registry(
     lane = long_worker("L")
     put("ll.likely", t0)
     assert lane.run_once(t0) == 1
-    assert lane._likely(registry.lane_targets(Lane.LONG)) == ["ll.likely"]
+    assert lane._likely() == ["ll.likely"]
     other = put("ll.other", t0)
     assert lane.run_once(t0) == 1 and not JobModel.objects.filter(id=other).exists()
     dropped = put("ll.likely", t0)

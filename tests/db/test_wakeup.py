@@ -228,6 +228,14 @@ def handled_at(calls: list[float], job_id: int, within: float) -> float:
     return calls[0]
 
 
+def sleepy_long_worker(targets: Callable[..., Target]) -> tuple[WorkerProcess, list[float]]:
+    """A long-lane worker whose idle sleep is 5 s, and when its target's handler ran."""
+    calls: list[float] = []
+    targets("t:long", lambda job: calls.append(time.monotonic()), lane="long")
+    return WorkerProcess({"long"}, load_settings({"IDLE_POLL_S": [5], "POLL_S": 5},
+                                                 environ={})), calls
+
+
 def test_a_worker_asks_then_polls_once_more_before_it_sleeps(
         targets: Callable[..., Target], monkeypatch: pytest.MonkeyPatch) -> None:
     """A job committed after the worker's last poll but before its ask found no ask to
@@ -235,9 +243,7 @@ def test_a_worker_asks_then_polls_once_more_before_it_sleeps(
     if not is_postgres():
         assert sleeps_without_listener(Wakeup(listen=True))
         return
-    calls: list[float] = []
-    targets("t:long", lambda job: calls.append(time.monotonic()), lane="long")
-    worker = WorkerProcess({"long"}, load_settings({"IDLE_POLL_S": [5], "POLL_S": 5}, environ={}))
+    worker, calls = sleepy_long_worker(targets)
     real_ask = store.wakeups_wanted
     enqueued: list[tuple[int, float]] = []
 
@@ -296,9 +302,7 @@ def test_a_worker_that_asks_while_an_enqueue_is_open_looks_again_soon(
     if not is_postgres():
         assert sleeps_without_listener(Wakeup(listen=True))
         return
-    calls: list[float] = []
-    targets("t:long", lambda job: calls.append(time.monotonic()), lane="long")
-    worker = WorkerProcess({"long"}, load_settings({"IDLE_POLL_S": [5], "POLL_S": 5}, environ={}))
+    worker, calls = sleepy_long_worker(targets)
     real_ask = store.wakeups_wanted
     opened, release = threading.Event(), threading.Event()
     committed: list[tuple[int, float]] = []
