@@ -83,7 +83,7 @@ class Options:
     shapes_xmin_n: int = 20_000
     shapes_xmin_drains: int = 3
     shapes_poll_n: int = 1_000
-    shapes_poll_reps: int = 20
+    shapes_poll_reps: int = 100
 
     @property
     def logs(self) -> Path:

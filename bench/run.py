@@ -111,7 +111,7 @@ def parser() -> argparse.ArgumentParser:
                    "in a row beside an old snapshot (nothing truncated between them)")
     p.add_argument("--shapes-poll-n", type=int, default=1_000, help="shapes phase: rows of "
                    "the queue the poll and the reserve are timed on after those drains")
-    p.add_argument("--shapes-poll-reps", type=int, default=20, help="shapes phase: runs of "
+    p.add_argument("--shapes-poll-reps", type=int, default=100, help="shapes phase: runs of "
                    "each timed poll (median)")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
                    help="where every file of the run goes: the table (unless --output), the "

@@ -244,11 +244,12 @@ def time_long_reserve(reps: int, after: store.LongCursor | None = None) -> float
     times = []
     for _ in range(reps):
         started = time.perf_counter()
-        fetch(query, params, prepare=True)
+        reserved = [row[0] for row in fetch(query, params, prepare=True)]
         times.append((time.perf_counter() - started) * 1000)
-        sql(f"UPDATE {store.JOBS} SET status = 'PENDING', claim_token = NULL, claimed_by = NULL, "
-            "lease_until = NULL, running_code = NULL, started_at = NULL "
-            "WHERE claimed_by = %s AND status = 'RUNNING'", [POLL_OWNER])
+        if reserved:  # by id: a search by status would walk every RUNNING version kept
+            sql(f"UPDATE {store.JOBS} SET status = 'PENDING', claim_token = NULL, "
+                "claimed_by = NULL, lease_until = NULL, running_code = NULL, started_at = NULL "
+                "WHERE id = ANY(%s)", [reserved])
     return statistics.median(times)
 
 

@@ -305,7 +305,7 @@ def jobs_close_unhandled(target: str, due_before: datetime, now: datetime, limit
 
 def jobs_delete_dead_closed_before(cutoff: datetime, limit: int) -> int:
     """Retention: delete up to ``limit`` DEAD rows closed before ``cutoff`` (index
-    ``jobs_status_closed``). Rows another worker is deleting right now are skipped."""
+    ``jobs_dead_closed``). Rows another worker is deleting right now are skipped."""
     return execute(
         f"DELETE FROM {JOBS} WHERE id IN (SELECT id FROM {JOBS} WHERE status = %s "
         f"AND closed_at < %s AND {_NOT_STEP} ORDER BY closed_at LIMIT %s{skip_locked()})",

@@ -393,6 +393,43 @@ def reserve_plan(reserves: list[tuple[str, Any]]) -> str:
 
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_the_writes_find_their_running_rows_by_id_and_the_rescue_by_lease(
+        targets: Any, t0: datetime) -> None:
+    """Few rows are RUNNING, so an index on the status looks selective for them; but under
+    an old snapshot it holds an entry for every RUNNING version that snapshot still sees,
+    and a write read through it visited each one (2-3 ms a long-lane write after a few
+    thousand jobs). The write of successes, kept as a generic plan, reads the rows by their
+    ids, and the rescue of expired leases reads ``jobs_running_lease``."""
+    targets("ll.by_id", handler=lambda job: None, lane="long",
+            policy=JobPolicy(keep_completed=100))
+    enqueue_many([{"target": "ll.by_id", "run_at": t0} for _ in range(3000)])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {store.JOBS}")  # every row PENDING: RUNNING looks rare
+    lane = long_worker("I", load_settings({"LONG_PREFETCH": 1}, environ={}))
+    with statements("WITH r(id") as writes:
+        for _ in range(8):  # a generic plan from the sixth run of a prepared statement
+            assert lane.run_once(t0) == 10
+    with statements("UPDATE") as rescues:
+        assert store.jobs_long_rescue_expired(t0) == ([], 0)
+    if connection.vendor != "postgresql":  # no plans to read
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, generic_plans FROM pg_prepared_statements "
+                       "WHERE statement LIKE 'WITH r(id%'")
+        (name, generic_plans), = cursor.fetchall()
+        assert generic_plans > 0
+        params = writes[-1][1]
+        cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(params))})", params)
+        write = "\n".join(line for (line,) in cursor.fetchall())
+        assert "Index Scan using jobs_engine_job_pkey on jobs_engine_job" in write
+        for query, params in rescues:
+            cursor.execute(f"EXPLAIN {query}", params)
+            plan = "\n".join(line for (line,) in cursor.fetchall())
+            assert "using jobs_running_lease" in plan, plan
+    assert len(rescues) == 2
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_a_backlog_makes_the_plans_made_on_an_idle_queue_again(
         targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
     """When the worker finds a backlog (``queue_busy``), plans made while it had none are
