@@ -224,6 +224,8 @@ def shape_rows(o: Options) -> list[Row]:
             rows += [Row(f"shapes:idle:{n}:{what}:ratio", f"  ratio {n:,} idle targets / "
                          f"{base:,}, same round", "x") for n in o.shapes_idle[1:]]
     kinds = {"engine": "jobs_engine.enqueue, autocommit",
+             "engine_prepared": "jobs_engine.enqueue, autocommit, Django's prepared "
+                                "statements on (OPTIONS prepare_threshold 5)",
              "engine_worker": "jobs_engine.enqueue, autocommit, a fast-lane worker serving "
                               "(at-least-once no-op)",
              "raw_insert": "raw INSERT, autocommit",
@@ -241,6 +243,8 @@ def shape_rows(o: Options) -> list[Row]:
                 f"(one statement), {who}", "x"),
             Row(f"shapes:web:ratio_insert:{procs}", f"  ratio engine / raw INSERT, {who}",
                 "x"),
+            Row(f"shapes:web:ratio_notify:prepared:{procs}", f"  ratio engine, prepared "
+                f"statements on / raw INSERT+NOTIFY (one transaction), {who}", "x"),
             Row(f"shapes:web:ratio_notify:worker:{procs}", f"  ratio engine with a worker / "
                 f"raw INSERT+NOTIFY (one transaction), {who}", "x"),
             Row(f"shapes:web:ratio_insert:worker:{procs}", f"  ratio engine with a worker / "

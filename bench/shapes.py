@@ -414,7 +414,9 @@ RAW_TABLE = "scale_raw"
 RAW_CHANNEL = "bench_scale_raw"
 # engine_worker: the engine's enqueue while a fast-lane worker serves the rows (an
 # at-least-once no-op target it keeps up with, so it sleeps and asks to be woken often).
-WEB_KINDS = ("engine", "engine_worker", "raw_insert", "raw_insert_notify",
+# engine_prepared: the engine's enqueue with Django's prepared statements on (psycopg's
+# own default, which the raw kinds run with).
+WEB_KINDS = ("engine", "engine_prepared", "engine_worker", "raw_insert", "raw_insert_notify",
              "raw_insert_notify_1")
 WEB_BARRIER_S = 120.0
 
@@ -431,8 +433,11 @@ def _web_child(kind: str, barrier: Any, n: int, params: dict[str, Any]) -> None:
     """One process of the web tier: connect and warm up (one row), wait for the others,
     then ``n`` rows, each its own commit."""
     try:
-        if kind in ("engine", "engine_worker"):
-            target = targets.AT_MOST_ONCE if kind == "engine" else targets.AT_LEAST_ONCE
+        if kind.startswith("engine"):
+            if kind == "engine_prepared":  # this process's connection only: it forked
+                options = connection.settings_dict["OPTIONS"]
+                connection.settings_dict["OPTIONS"] = {**options, "prepare_threshold": 5}
+            target = targets.AT_LEAST_ONCE if kind == "engine_worker" else targets.AT_MOST_ONCE
             enqueue(target, payload(-1))
             barrier.wait(WEB_BARRIER_S)
             for i in range(n):
@@ -545,15 +550,18 @@ def shape_web(o: Options, r: int) -> Metrics:
                     out[f"shapes:web:asked:{procs}"] = asked
             engine = out[f"shapes:web:engine:{procs}"]
             served = out[f"shapes:web:engine_worker:{procs}"]
+            prepared = out[f"shapes:web:engine_prepared:{procs}"]
             for ratio, kind in (("ratio_notify", "raw_insert_notify"),
                                 ("ratio_notify_1", "raw_insert_notify_1"),
                                 ("ratio_insert", "raw_insert")):
-                out[f"shapes:web:{ratio}:{procs}"] = engine / out[f"shapes:web:{kind}:{procs}"]
-                out[f"shapes:web:{ratio}:worker:{procs}"] = (
-                    served / out[f"shapes:web:{kind}:{procs}"])
+                raw = out[f"shapes:web:{kind}:{procs}"]
+                out[f"shapes:web:{ratio}:{procs}"] = engine / raw
+                out[f"shapes:web:{ratio}:worker:{procs}"] = served / raw
+                out[f"shapes:web:{ratio}:prepared:{procs}"] = prepared / raw
             print(f"    {procs} process(es) x {per_proc:,} commits: " + ", ".join(
                 f"{kind} {out[f'shapes:web:{kind}:{procs}']:,.0f}/s" for kind in WEB_KINDS)
                 + f"; engine / INSERT+NOTIFY {out[f'shapes:web:ratio_notify:{procs}']:.2f}x, "
+                f"prepared {out[f'shapes:web:ratio_notify:prepared:{procs}']:.2f}x, "
                 f"with a worker {out[f'shapes:web:ratio_notify:worker:{procs}']:.2f}x (it "
                 f"asked to be woken {out[f'shapes:web:asked:{procs}']:,.0f} times)", flush=True)
         base = o.shapes_web_procs[0]

@@ -457,11 +457,11 @@ class LongLane:
     def renew(self, now: datetime | None = None) -> int:
         """Heartbeat: extend the leases of rows in hand; returns how many were renewed."""
         with self._lock:
-            tokens = sorted(set(self._in_hand.values()))
-        if not tokens:
+            held = dict(self._in_hand)
+        if not held:
             return 0
-        renewed = store.jobs_long_renew(tokens, now or store.db_now(), self.settings.LONG_LEASE_S)
-        lost = set(tokens) - renewed
+        renewed = store.jobs_long_renew(held, now or store.db_now(), self.settings.LONG_LEASE_S)
+        lost = set(held.values()) - renewed
         if lost:
             logger.warning("long lane could not renew %s claim(s); their outcomes will be refused",
                            len(lost))

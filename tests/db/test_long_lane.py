@@ -398,19 +398,24 @@ def test_the_writes_find_their_running_rows_by_id_and_the_rescue_by_lease(
     """Few rows are RUNNING, so an index on the status looks selective for them; but under
     an old snapshot it holds an entry for every RUNNING version that snapshot still sees,
     and a write read through it visited each one (2-3 ms a long-lane write after a few
-    thousand jobs). The write of successes, kept as a generic plan, reads the rows by their
-    ids, and the rescue of expired leases reads ``jobs_running_lease``."""
-    targets("ll.by_id", handler=lambda job: None, lane="long",
+    thousand jobs). The write of successes, kept as a generic plan, and the heartbeat's
+    renewal read the rows by their ids; the rescue of expired leases reads
+    ``jobs_running_lease``."""
+    renewals: list[int] = []
+    targets("ll.by_id", handler=lambda job: renewals.append(lane.renew(t0)), lane="long",
             policy=JobPolicy(keep_completed=100))
     enqueue_many([{"target": "ll.by_id", "run_at": t0} for _ in range(3000)])
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {store.JOBS}")  # every row PENDING: RUNNING looks rare
     lane = long_worker("I", load_settings({"LONG_PREFETCH": 1}, environ={}))
-    with statements("WITH r(id") as writes:
+    with statements("WITH r(id") as writes, statements("UPDATE") as renews:
         for _ in range(8):  # a generic plan from the sixth run of a prepared statement
             assert lane.run_once(t0) == 10
+    assert renewals == [1] * 80  # each handler's claim renewed (one token a reserve)
     with statements("UPDATE") as rescues:
         assert store.jobs_long_rescue_expired(t0) == ([], 0)
+    with statements("UPDATE") as marks:  # a paused target's probe
+        assert store.jobs_long_mark_started([1, 2], "no-such-claim", t0) == {}
     if connection.vendor != "postgresql":  # no plans to read
         return
     with connection.cursor() as cursor:
@@ -426,6 +431,11 @@ def test_the_writes_find_their_running_rows_by_id_and_the_rescue_by_lease(
             cursor.execute(f"EXPLAIN {query}", params)
             plan = "\n".join(line for (line,) in cursor.fetchall())
             assert "using jobs_running_lease" in plan, plan
+        by_id = [next((q, p) for q, p in renews if "SET lease_until" in q), *marks]
+        for query, params in by_id:
+            cursor.execute(f"EXPLAIN {query}", params)
+            plan = "\n".join(line for (line,) in cursor.fetchall())
+            assert "Index Scan using jobs_engine_job_pkey" in plan, plan
     assert len(rescues) == 2
 
 
