@@ -200,21 +200,31 @@ class _Rollback(Exception):
     pass
 
 
-def long_reserve_sql(after: store.LongCursor | None = None) -> tuple[str, Any]:
-    """The long lane's reserve (``store.jobs_long_reserve``) as an idle worker's first poll
-    passes it: every registered long target, LONG_BATCH rows, from the first due row or
-    the cursor ``after``; captured in a rolled-back transaction (nothing reserved)."""
+def long_reserve() -> Callable[[store.LongCursor | None], store.ReservedRows]:
+    """The long lane's reserve (``store.jobs_long_reserve``) as an idle worker's poll passes
+    it: every registered long target, LONG_BATCH rows, from the first due row or the
+    cursor it is given."""
     settings = jobs_settings()
     skip = _not_in_workers()
     mine = [t for t in registry.all_targets()
             if t.lane is Lane.LONG and not t.lossy and t.name not in skip]
+    exclusive, names = [t.name for t in mine if t.exclusive], sorted(t.name for t in mine)
+
+    def reserve(after: store.LongCursor | None) -> store.ReservedRows:
+        return store.jobs_long_reserve(
+            POLL_OWNER, uuid.uuid4().hex, store.db_now(), settings.LONG_LEASE_S,
+            settings.LONG_BATCH, exclusive_targets=exclusive, targets=names, start=True,
+            at_most_once_limit=settings.LONG_BATCH, after=after)
+    return reserve
+
+
+def long_reserve_sql(after: store.LongCursor | None = None) -> tuple[str, Any]:
+    """The statement of ``long_reserve`` from ``after``, captured in a rolled-back
+    transaction (nothing reserved)."""
+    reserve = long_reserve()
     captured: list[tuple[str, Any]] = []
     with contextlib.suppress(_Rollback), transaction.atomic():
-        captured = capture_sql(lambda: store.jobs_long_reserve(
-            POLL_OWNER, uuid.uuid4().hex, store.db_now(), settings.LONG_LEASE_S,
-            settings.LONG_BATCH, exclusive_targets=[t.name for t in mine if t.exclusive],
-            targets=sorted(t.name for t in mine), start=True,
-            at_most_once_limit=settings.LONG_BATCH, after=after))
+        captured = capture_sql(lambda: reserve(after))
         raise _Rollback
     return next((q, p) for q, p in captured if q.lstrip().upper().startswith("WITH LOCKED"))
 
@@ -235,12 +245,28 @@ def time_fast_poll(reps: int, after: dict[str, store.Cursor] | None = None,
     return median_ms(lambda: fast_poll(now, after, active), reps)
 
 
-def time_long_reserve(reps: int, after: store.LongCursor | None = None) -> float:
-    """Median ms of the long lane's reserve statement as the worker runs it: prepared by
-    the store's session cursor, in autocommit (a rollback would drop the prepared
-    statement, and each run would be planned again); the rows it reserved are put back
-    after each run, untimed, so every run finds the same rows."""
-    query, params = long_reserve_sql(after)
+def time_long_reserve_from(reps: int, cursor: store.LongCursor) -> float:
+    """Median ms of the long lane's reserve from ``cursor`` as the worker runs it, in
+    autocommit, the cursor moved on after each as the worker's is. The rows taken stay
+    RUNNING: a row put back would leave dead index entries an old snapshot keeps, which
+    every later run from the same cursor walked (a worker's next reserve never reads them
+    again)."""
+    reserve = long_reserve()
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        got = reserve(cursor)
+        times.append((time.perf_counter() - started) * 1000)
+        cursor = got.cursor or cursor
+    return statistics.median(times)
+
+
+def time_long_reserve(reps: int) -> float:
+    """Median ms of the long lane's reserve from the first due row (once a ``POLL_S``) as
+    the worker runs it: prepared by the store's session cursor, in autocommit (a rollback
+    would drop the prepared statement, and each run would be planned again); the rows it
+    reserved are put back after each run, untimed, so every run finds the same rows."""
+    query, params = long_reserve_sql()
     times = []
     for _ in range(reps):
         started = time.perf_counter()
@@ -689,8 +715,8 @@ def snapshot_series(o: Options, lane: str, held: bool, label: str = "shapes",
                     return time_fast_poll(o.shapes_poll_reps,
                                           {target: store.Cursor(band_from, at, last_id)},
                                           active=[target])
-                return time_long_reserve(o.shapes_poll_reps,
-                                         store.LongCursor(0, band_from, at, last_id))
+                return time_long_reserve_from(o.shapes_poll_reps,
+                                              store.LongCursor(0, band_from, at, last_id))
 
             def deep() -> float:  # once a POLL_S: every target from its first due row
                 return (time_fast_poll if lane == "fast" else time_long_reserve)(
@@ -699,7 +725,8 @@ def snapshot_series(o: Options, lane: str, held: bool, label: str = "shapes",
             got["poll_empty"], got["deep_empty"] = poll(), deep()
             fill(target, o.shapes_poll_n)
             analyze()
-            got["poll_rows"], got["deep_rows"] = poll(), deep()
+            # The deep read first: the long reserve from the cursor takes the rows it reads.
+            got["deep_rows"], got["poll_rows"] = deep(), poll()
             got["unremovable_jobs"] = unremovable(store.JOBS)
             got["unremovable_partitions"] = unremovable(store.PARTITIONS)
     finally:

@@ -43,6 +43,10 @@ logger = logging.getLogger("jobs_engine")
 # Expired leases are looked for at most this often (database time): a lease is minutes, and
 # a busy lane polls hundreds of times a second.
 RESCUE_EVERY = timedelta(seconds=1)
+# A rescue reads the leases that expired since the last one, less this lag band; from the
+# first expired lease at most once a RESCUE_WHOLE_EVERY (``LongLane._rescue``).
+RESCUE_LAG = timedelta(seconds=10)
+RESCUE_WHOLE_EVERY = timedelta(minutes=1)
 # Handlers shorter than this on average (ms) get ``LONG_PREFETCH`` rows per thread queued
 # (``LongLane.slots``); the moving average gives each new duration this weight.
 SHORT_HANDLER_MS = 10.0
@@ -145,6 +149,7 @@ class LongLane:
         self._code_freed = False
         self._reserved_lately: dict[str, float] = {}  # target -> until (``_likely``)
         self._rescued_at: datetime | None = None
+        self._rescued_whole_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
         self._running = 0  # rows whose handler has not returned (in hand: until written)
         self._running_at_most_once = 0  # of them, at-most-once rows
@@ -309,11 +314,24 @@ class LongLane:
 
     def _rescue(self, now: datetime) -> None:
         """Rows whose lease expired: at-most-once ones that started go DEAD, the others
-        back to PENDING (``store.jobs_long_rescue_expired``)."""
-        if self._rescued_at is not None and timedelta(0) <= now - self._rescued_at < RESCUE_EVERY:
+        back to PENDING (``store.jobs_long_rescue_expired``).
+
+        Only the leases that expired since the last rescue, less ``RESCUE_LAG``: the rows
+        of the earlier ones were rescued then, and under an old snapshot a read from the
+        first expired lease visits every RUNNING version the snapshot keeps, those of
+        every row reserved more than a lease ago. A lease is set a lease ahead of its
+        reserve, so a row the last rescue could not see yet (not committed) expires after
+        it; the whole range is read once a ``RESCUE_WHOLE_EVERY`` all the same."""
+        last, whole = self._rescued_at, self._rescued_whole_at
+        if last is not None and timedelta(0) <= now - last < RESCUE_EVERY:
             return
-        closed, released = store.jobs_long_rescue_expired(now)
+        read_whole = (last is None or whole is None
+                      or not timedelta(0) <= now - whole < RESCUE_WHOLE_EVERY)
+        closed, released = store.jobs_long_rescue_expired(
+            now, after=None if read_whole or last is None else last - RESCUE_LAG)
         self._rescued_at = now
+        if read_whole:
+            self._rescued_whole_at = now
         announce_closed(closed)
         if released:
             logger.warning("long lane released %s rows whose lease expired", released)

@@ -985,8 +985,10 @@ def _lost_try() -> str:
                         ("traceback", "%s")])
 
 
-def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
-    """Deal with RUNNING rows whose lease expired (their worker died or stalled).
+def jobs_long_rescue_expired(now: datetime, *, after: datetime | None = None
+                             ) -> tuple[list[ClosedJob], int]:
+    """Deal with RUNNING rows whose lease expired (their worker died or stalled); with
+    ``after``, only those whose lease expired after it (index ``jobs_running_lease``).
 
     At-most-once rows whose handler had started go DEAD instead of running twice, keeping
     their claim token (``Guard``: a holder alive after all still writes what happened);
@@ -995,23 +997,24 @@ def jobs_long_rescue_expired(now: datetime) -> tuple[list[ClosedJob], int]:
     released.
     """
     expired = dt(now)
+    since, since_params = ("", []) if after is None else (" AND lease_until > %s", [dt(after)])
     lost = json_append("tries", _lost_try())
     dead = fetch(
         f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
         f"lease_until = NULL, updated_at = %s, attempts = attempts + 1, tries = {lost} "
-        "WHERE status = %s AND lease_until <= %s AND delivery_mode = %s "
+        f"WHERE status = %s AND lease_until <= %s{since} AND delivery_mode = %s "
         f"AND started_at IS NOT NULL RETURNING {CLOSED_COLUMNS}",
         [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
-         *RESCUE_PRESUMED_DEAD.source_values, expired, _AT_MOST_ONCE],
+         *RESCUE_PRESUMED_DEAD.source_values, expired, *since_params, _AT_MOST_ONCE],
     )
     released = execute(
         f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
         "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s, "
         "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, "
         f"tries = CASE WHEN started_at IS NULL THEN tries ELSE {lost} END "
-        "WHERE status = %s AND lease_until <= %s",
+        f"WHERE status = %s AND lease_until <= %s{since}",
         [RESCUE_RELEASE.target, expired, expired, RELEASE_REASON,
-         *RESCUE_RELEASE.source_values, expired],
+         *RESCUE_RELEASE.source_values, expired, *since_params],
     )
     return closed_jobs(dead, RESCUE_REASON), released
 

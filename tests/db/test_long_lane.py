@@ -851,6 +851,71 @@ def test_expired_leases_are_looked_for_at_most_once_a_second(targets: Any, t0: d
     assert not JobModel.objects.filter(id=job_id).exists()
 
 
+def test_a_rescue_reads_the_leases_expired_since_the_last_and_all_once_a_minute(
+        targets: Any, t0: datetime) -> None:
+    """Each rescue reads the leases that expired since the one before, less a lag band;
+    every lease from the first expired one once a minute. A row whose lease expired before
+    the band is not seen by a rescue from it (there is none such outside a test: a lease
+    expires a lease after its reserve), and the whole read rescues it."""
+    from jobs_engine.lanes.long import RESCUE_LAG, RESCUE_WHOLE_EVERY
+
+    targets("ll.since", handler=lambda job: None, lane="long")
+    lane = long_worker("S")
+    with statements("UPDATE") as rescues:
+        assert lane.run_once(t0) == 0  # the first: from the first expired lease
+        early = put("ll.since", t0)
+        JobModel.objects.filter(id=early).update(status=JobStatus.RUNNING, claim_token="gone",
+                                                 lease_until=t0 - RESCUE_LAG - SECOND)
+        late = put("ll.since", t0)
+        JobModel.objects.filter(id=late).update(status=JobStatus.RUNNING, claim_token="gone",
+                                                lease_until=t0 - RESCUE_LAG + SECOND)
+        assert lane.run_once(t0 + 2 * SECOND) == 1  # since the last: the late one
+        assert row(early).status == JobStatus.RUNNING
+        assert not JobModel.objects.filter(id=late).exists()
+        assert lane.run_once(t0 + RESCUE_WHOLE_EVERY) == 1  # the whole range
+        assert not JobModel.objects.filter(id=early).exists()
+    bounded = ["lease_until > " in query for query, _ in rescues
+               if "lease_until <= " in query]
+    assert bounded == [False, False, True, True, False, False]  # two statements a rescue
+
+
+@pytest.mark.django_db(transaction=True)  # a second session holds its snapshot
+def test_under_an_old_snapshot_a_rescue_since_the_last_visits_no_finished_row(
+        targets: Any, t0: datetime) -> None:
+    """An old snapshot keeps every RUNNING version of the rows reserved since it was
+    taken; once their leases have passed, a read of ``jobs_running_lease`` from the
+    first expired lease visits each (every second, on every worker). A rescue since the
+    last one reads past them."""
+    if connection.vendor != "postgresql":  # the snapshot and the buffers are PostgreSQL's
+        return
+    from tests.db.test_enqueue import pg_connect
+
+    targets("ll.kept", handler=lambda job: None, lane="long")
+    with pg_connect() as holder:
+        holder.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        holder.execute(f"SELECT count(*) FROM {store.JOBS}").fetchone()
+        # A few rows a page: the buffers read count the pages of the versions visited.
+        enqueue_many([{"target": "ll.kept", "run_at": t0, "payload": uuid.uuid4().hex * 47}
+                      for _ in range(300)])
+        lane = long_worker("K")
+        while lane.run_once(t0):  # reserved with leases to t0 + LONG_LEASE_S, then done
+            pass
+        later = t0 + timedelta(seconds=SETTINGS.LONG_LEASE_S) + MINUTE
+
+        def buffers(after: datetime | None) -> int:
+            with statements("UPDATE") as rescue:
+                assert store.jobs_long_rescue_expired(later, after=after) == ([], 0)
+            query, params = rescue[-1]
+            with connection.cursor() as cursor:
+                cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}", params)
+                (plan,), = cursor.fetchall()
+            return int(plan[0]["Plan"]["Shared Hit Blocks"]
+                       + plan[0]["Plan"]["Shared Read Blocks"])
+
+        assert buffers(None) >= 50  # the pages of the finished rows' RUNNING versions
+        assert buffers(later - SECOND) < 10
+
+
 def test_a_poll_answering_a_wake_up_leaves_the_rescue_to_the_next(targets: Any, t0: datetime
                                                                   ) -> None:
     """The rescue of expired leases is a statement of its own: a poll woken by a NOTIFY
