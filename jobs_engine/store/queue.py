@@ -1051,6 +1051,73 @@ class ReservedRows(list[Reserved]):
 # "lower than it" only.
 _ABOVE_EVERY_PRIORITY = 32767
 
+# A reserve's candidates: not of a target whose pause has not run out; started (their
+# handlers run next) only where the target has no pause at all.
+_NOT_PAUSED = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
+               "AND p.paused_until > %s)")
+_STARTED_AT = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
+               f"WHERE p.target = {JOBS}.target) THEN %s END")
+_RESERVED_COLUMNS = (f"{', '.join(f'{JOBS}.{c}' for c in _JOB_COLUMNS)}, {JOBS}.priority, "
+                     f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
+# The four ranges of a reserve from a cursor, in the index's order, with their tests.
+_RANGES = {"above": "j.priority > %s",
+           "band": "j.priority = %s AND j.next_run_at > %s AND j.next_run_at < %s",
+           "after": "j.priority = %s AND (j.next_run_at, j.id) > (%s, %s)",
+           "below": "j.priority < %s"}
+
+
+def _free_code(exclusive_clause: str) -> str:
+    """A candidate of an exclusive target whose code runs on some worker is not due. The
+    running codes are read once per statement (NOT IN an uncorrelated subquery): a
+    correlated test, planned on an empty queue, read the table once per candidate."""
+    return (f"(NOT ({exclusive_clause}) OR j.code NOT IN (SELECT r.running_code FROM {JOBS} r "
+            f"WHERE r.status = '{_RUNNING}' AND r.running_code IS NOT NULL))")
+
+
+@lru_cache(maxsize=16)
+def _reserve_statement(targets: tuple[str, ...], exclusive: tuple[str, ...],
+                       flush_lazily: bool) -> str:
+    """``jobs_long_reserve``'s one statement (PostgreSQL) for a worker's target lists,
+    made once: the same text at every reserve. With 500 targets registered it is 49 kB,
+    and assembling it at each reserve held the worker's thread between a woken reserve
+    and its handler's start.
+
+    Locked candidates, four ranges of the index in its order, each locked as it is read,
+    the next read only while fewer rows than the limit were locked; then the first of
+    each exclusive code (window functions may not share a level with FOR UPDATE), then
+    the first at-most-once rows; the update of those picked. The targets reserved lately
+    are a parameter, tested first (``likely``)."""
+    names, _ = in_names("j.target", targets)  # a constant of the text: no parameters
+    exclusive_clause, _ = in_names("j.target", exclusive)
+    candidates = (f"SELECT j.id, j.code, j.priority, j.next_run_at, "
+                  f"{exclusive_clause if exclusive else 'false'} AS exclusive, "
+                  f"j.delivery_mode = '{_AT_MOST_ONCE}' AS at_most_once "
+                  f"FROM {JOBS} j WHERE {_LONG_PENDING} AND j.next_run_at <= %s "
+                  f"AND (j.target = ANY(%s::text[]) OR {names}) AND {_NOT_PAUSED} "
+                  f"AND {_free_code(exclusive_clause)} AND {{range}} "
+                  "ORDER BY j.priority DESC, j.next_run_at, j.id "
+                  "LIMIT %s FOR UPDATE SKIP LOCKED")
+    return (
+        "WITH " + ", ".join(f"locked_{name} AS ({candidates.replace('{range}', test)})"
+                            for name, test in _RANGES.items())
+        + ", locked AS (SELECT * FROM (" + " UNION ALL ".join(
+            f"SELECT * FROM locked_{name}" for name in _RANGES)
+        + ") AS ranges LIMIT %s), "
+        "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
+        "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
+        "next_run_at, id) AS nth FROM locked) AS l WHERE NOT exclusive OR nth = 1), "
+        "picked AS (SELECT id, exclusive, code, at_most_once FROM (SELECT *, "
+        "row_number() OVER (PARTITION BY at_most_once ORDER BY priority DESC, "
+        "next_run_at, id) AS nth_mode FROM first_of_code) AS m "
+        "WHERE NOT at_most_once OR nth_mode <= %s) "
+        f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
+        "lease_until = %s, running_code = CASE WHEN picked.exclusive "
+        f"THEN picked.code END, started_at = {_STARTED_AT}, updated_at = %s "
+        f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {_RESERVED_COLUMNS}, "
+        "(SELECT count(*) FROM locked)"
+        + _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM picked "
+                        "WHERE exclusive OR at_most_once)"))
+
 
 def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
                       exclusive_targets: Sequence[str] = (), targets: Sequence[str],
@@ -1090,79 +1157,29 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     against it (0.35 ms of a woken reserve with 500 targets registered).
     """
     lease_until = dt(now + timedelta(seconds=lease_s))
-    target_clause, target_params = in_names("j.target", targets)
-    if is_postgres():  # one text with or without them
-        target_clause = f"(j.target = ANY(%s::text[]) OR {target_clause})"
-        target_params = [text_array(sorted(likely)), *target_params]
-    not_paused = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
-                  "AND p.paused_until > %s)")
-    started_at = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
-                  f"WHERE p.target = {JOBS}.target) THEN %s END")
     started_params = [start, dt(now)]
-    returning = (f"{', '.join(f'{JOBS}.{c}' for c in _JOB_COLUMNS)}, {JOBS}.priority, "
-                 f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
 
     def reserved(row: Sequence[Any]) -> Reserved:
         started = row[17] is not None
         return Reserved(_job(row), (read_json(row[18]) or []) if started else None)
 
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
-    excl_clause, excl_params = in_names("j.target", exclusive_targets)
-    # A candidate of an exclusive target whose code runs on some worker is not due. The
-    # running codes are read once per statement (NOT IN an uncorrelated subquery): a
-    # correlated test, planned on an empty queue, read the table once per candidate.
-    free_code = (f"(NOT ({excl_clause}) OR j.code NOT IN (SELECT r.running_code FROM {JOBS} r "
-                 f"WHERE r.status = '{_RUNNING}' AND r.running_code IS NOT NULL))")
     if writable_ctes():
-        # Locked candidates, then the first of each exclusive code (window functions may
-        # not share a level with FOR UPDATE).
         # Inside a caller's transaction a savepoint keeps a refused statement from aborting
         # it; in autocommit the statement is its own transaction (no BEGIN, no COMMIT).
         alone = contextlib.nullcontext() if transaction.get_autocommit() else transaction.atomic()
-        candidates = (f"SELECT j.id, j.code, j.priority, j.next_run_at, "
-                      f"{excl_clause if exclusive_targets else 'false'} AS exclusive, "
-                      f"j.delivery_mode = '{_AT_MOST_ONCE}' AS at_most_once "
-                      f"FROM {JOBS} j WHERE {_LONG_PENDING} "
-                      f"AND j.next_run_at <= %s AND {target_clause} AND {not_paused} "
-                      f"AND {free_code} AND {{range}} "
-                      "ORDER BY j.priority DESC, j.next_run_at, j.id "
-                      "LIMIT %s FOR UPDATE SKIP LOCKED")
-        candidate_params = [*(excl_params if exclusive_targets else []), dt(now),
-                            *target_params, dt(now), *excl_params]
         cursor = after or LongCursor(_ABOVE_EVERY_PRIORITY, BEGINNING, BEGINNING, 0)
-        ranges = [("above", "j.priority > %s", [cursor.priority]),
-                  ("band", "j.priority = %s AND j.next_run_at > %s AND j.next_run_at < %s",
-                   [cursor.priority, dt(cursor.band_from), dt(cursor.at)]),
-                  ("after", "j.priority = %s AND (j.next_run_at, j.id) > (%s, %s)",
-                   [cursor.priority, dt(cursor.at), cursor.id]),
-                  ("below", "j.priority < %s", [cursor.priority])]
+        range_params = {"above": [cursor.priority],
+                        "band": [cursor.priority, dt(cursor.band_from), dt(cursor.at)],
+                        "after": [cursor.priority, dt(cursor.at), cursor.id],
+                        "below": [cursor.priority]}
+        likely_param = text_array(sorted(likely))
         try:
             with alone:
                 rows = fetch(
-                    # Four ranges of the index, in its order, each locked as it is read;
-                    # the next is read only while fewer rows than the limit were locked.
-                    "WITH " + ", ".join(f"locked_{name} AS ({candidates.replace("{range}", where)})"
-                                        for name, where, _ in ranges)
-                    + ", locked AS (SELECT * FROM (" + " UNION ALL ".join(
-                        f"SELECT * FROM locked_{name}" for name, _, _ in ranges)
-                    + ") AS ranges LIMIT %s), "
-                    # The first of each exclusive code, then the first at-most-once rows.
-                    "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
-                    "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
-                    "next_run_at, id) AS nth FROM locked) AS l WHERE NOT exclusive OR nth = 1), "
-                    "picked AS (SELECT id, exclusive, code, at_most_once FROM (SELECT *, "
-                    "row_number() OVER (PARTITION BY at_most_once ORDER BY priority DESC, "
-                    "next_run_at, id) AS nth_mode FROM first_of_code) AS m "
-                    "WHERE NOT at_most_once OR nth_mode <= %s) "
-                    f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
-                    "lease_until = %s, running_code = CASE WHEN picked.exclusive "
-                    f"THEN picked.code END, started_at = {started_at}, updated_at = %s "
-                    f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {returning}, "
-                    "(SELECT count(*) FROM locked)"
-                    + _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM picked "
-                                    "WHERE exclusive OR at_most_once)"),
-                    [*[p for _, _, range_params in ranges
-                       for p in (*candidate_params, *range_params, limit)],
+                    _reserve_statement(tuple(targets), tuple(exclusive_targets), flush_lazily),
+                    [*[p for name in _RANGES for p in (dt(now), likely_param, dt(now),
+                                                         *range_params[name], limit)],
                      limit, at_most_once, RESERVE.target, token, owner, lease_until,
                      *started_params, dt(now)],
                     prepare=True)
@@ -1179,11 +1196,13 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             return got
     order: dict[int, int] = {}
     found: list[Reserved] = []
+    target_clause, target_params = in_names("j.target", targets)
+    excl_clause, excl_params = in_names("j.target", exclusive_targets)
     with transaction.atomic():
         candidates = fetch(
             f"SELECT j.id, j.target, j.code, j.delivery_mode FROM {JOBS} j "
             f"WHERE {_LONG_PENDING} AND j.next_run_at <= %s AND {target_clause} "
-            f"AND {not_paused} AND {free_code} "
+            f"AND {_NOT_PAUSED} AND {_free_code(excl_clause)} "
             f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
             [dt(now), *target_params, dt(now), *excl_params, limit],
         )
@@ -1207,8 +1226,8 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                 plain_ids.append(job_id)
         update = (
             f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
-            f"running_code = %s, started_at = {started_at}, updated_at = %s "
-            f"WHERE {{where}} AND status = %s RETURNING {returning}"
+            f"running_code = %s, started_at = {_STARTED_AT}, updated_at = %s "
+            f"WHERE {{where}} AND status = %s RETURNING {_RESERVED_COLUMNS}"
         )
         if plain_ids:
             clause, params = in_("id", plain_ids)
