@@ -78,7 +78,6 @@ from jobs_engine import enqueue, registry, store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.lanes.fast import takes_whole_poll
 from jobs_engine.states import Lane
-from jobs_engine.store.dialect import fetch
 
 POLL_OWNER = "bench-shapes"  # a worker id that holds no partition: a poll marks nothing
 EXPLAIN_FILE = "explain_shapes_targets.txt"
@@ -218,17 +217,6 @@ def long_reserve() -> Callable[[store.LongCursor | None], store.ReservedRows]:
     return reserve
 
 
-def long_reserve_sql(after: store.LongCursor | None = None) -> tuple[str, Any]:
-    """The statement of ``long_reserve`` from ``after``, captured in a rolled-back
-    transaction (nothing reserved)."""
-    reserve = long_reserve()
-    captured: list[tuple[str, Any]] = []
-    with contextlib.suppress(_Rollback), transaction.atomic():
-        captured = capture_sql(lambda: reserve(after))
-        raise _Rollback
-    return next((q, p) for q, p in captured if q.lstrip().upper().startswith("WITH LOCKED"))
-
-
 def median_ms(call: Callable[[], Any], reps: int) -> float:
     times = []
     for _ in range(reps):
@@ -263,19 +251,19 @@ def time_long_reserve_from(reps: int, cursor: store.LongCursor) -> float:
 
 def time_long_reserve(reps: int) -> float:
     """Median ms of the long lane's reserve from the first due row (once a ``POLL_S``) as
-    the worker runs it: prepared by the store's session cursor, in autocommit (a rollback
-    would drop the prepared statement, and each run would be planned again); the rows it
-    reserved are put back after each run, untimed, so every run finds the same rows."""
-    query, params = long_reserve_sql()
+    the worker runs it, in autocommit; the rows it took are put back by id after each run,
+    untimed, so every run finds the same rows (by status, the put-back would walk every
+    RUNNING version an old snapshot keeps)."""
+    reserve = long_reserve()
     times = []
     for _ in range(reps):
         started = time.perf_counter()
-        reserved = [row[0] for row in fetch(query, params, prepare=True)]
+        got = reserve(None)
         times.append((time.perf_counter() - started) * 1000)
-        if reserved:  # by id: a search by status would walk every RUNNING version kept
+        if got:
             sql(f"UPDATE {store.JOBS} SET status = 'PENDING', claim_token = NULL, "
                 "claimed_by = NULL, lease_until = NULL, running_code = NULL, started_at = NULL "
-                "WHERE id = ANY(%s)", [reserved])
+                "WHERE id = ANY(%s)", [[r.job.id for r in got]])
     return statistics.median(times)
 
 
