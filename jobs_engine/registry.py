@@ -10,7 +10,7 @@ import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from jobs_engine.errors import DuplicateTarget, InvalidJob, InvalidPolicy, UnknownTarget
 from jobs_engine.job import Job
@@ -51,7 +51,15 @@ class Target:
 
 _targets: dict[str, Target] = {}
 _lock = threading.Lock()
-_of_lane: dict[Lane, tuple[Target, ...]] = {}  # ``lane_targets``, until the registry changes
+_of_lane: dict[Lane, LaneTargets] = {}  # ``lane_targets``, until the registry changes
+
+
+class LaneTargets(NamedTuple):
+    """The targets of a lane a worker reads, and their names, as every poll passes them."""
+
+    targets: tuple[Target, ...]
+    names: tuple[str, ...]
+    exclusive_names: tuple[str, ...]
 
 
 def register_target(
@@ -168,12 +176,22 @@ def all_targets() -> list[Target]:
 def lane_targets(lane: Lane) -> tuple[Target, ...]:
     """The targets of ``lane`` a worker reads (not lossy), by name: asked at every poll,
     made once until a target is registered or dropped (500 targets cost a poll 0.3 ms)."""
+    return lane_names(lane).targets
+
+
+def lane_names(lane: Lane) -> LaneTargets:
+    """``lane_targets`` with their names and the exclusive ones', made with them. The long
+    lane's worker made both lists at each poll, on the thread a woken row's handler waits
+    for: with 500 targets, 0.06 ms of every wake-up."""
     with _lock:
         found = _of_lane.get(lane)
         if found is None:
-            found = _of_lane[lane] = tuple(sorted(
+            targets = tuple(sorted(
                 (t for t in _targets.values() if t.lane is lane and not t.lossy),
                 key=lambda t: t.name))
+            found = _of_lane[lane] = LaneTargets(
+                targets, tuple(t.name for t in targets),
+                tuple(t.name for t in targets if t.exclusive))
         return found
 
 

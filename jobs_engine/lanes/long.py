@@ -35,7 +35,7 @@ from jobs_engine.lanes.handlers import Handed, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.registry import Target, get_target, lane_targets
+from jobs_engine.registry import Target, get_target, lane_names
 from jobs_engine.states import DeliveryMode, Lane
 
 logger = logging.getLogger("jobs_engine")
@@ -222,13 +222,12 @@ class LongLane:
             return 0
         token = uuid.uuid4().hex
         # Only targets registered here: another release's rows wait for its own workers.
-        mine = lane_targets(Lane.LONG)
+        mine = lane_names(Lane.LONG)
         # One statement reserves and starts the rows, skipping paused targets (no separate
         # read of the pauses); rows of a target whose pause ran out come back unstarted.
         reserved = store.jobs_long_reserve(
             self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
-            exclusive_targets=[t.name for t in mine if t.exclusive],
-            targets=[t.name for t in mine], start=True,
+            exclusive_targets=mine.exclusive_names, targets=mine.names, start=True,
             at_most_once_limit=free.at_most_once,
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
             after=self._reserve_from(woken), likely=self._likely(),
@@ -241,7 +240,7 @@ class LongLane:
             self._at_most_once_share = sum(r.job.delivery_mode == _AT_MOST_ONCE
                                            for r in reserved) / len(reserved)
         else:
-            next_due = store.jobs_long_next_due([t.name for t in mine], now)
+            next_due = store.jobs_long_next_due(mine.names, now)
             if next_due is not None:
                 self._next_due_at = self._monotonic() + (next_due - now).total_seconds()
             return 0

@@ -28,7 +28,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
-from jobs_engine.states import DeliveryMode, JobStatus
+from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic, race, statements
 
 pytestmark = pytest.mark.django_db
@@ -110,6 +110,38 @@ def test_a_woken_reserve_takes_a_few_rows_and_the_next_reserve_the_rest(
     assert lane.run_once(t0, woken=True) == store.WOKEN_POLL_ROWS
     assert lane.run_once(t0) == 30
     assert JobModel.objects.count() == 0
+
+
+def test_a_poll_passes_the_names_the_registry_made_once(targets: Any, t0: datetime,
+                                                      monkeypatch: Any) -> None:
+    """The reserve and the read of the next due row get the lists the registry keeps
+    (``registry.lane_names``): with 500 targets, making them at each poll held the thread
+    a woken row's handler waits for."""
+    targets("ll.names", handler=lambda job: None, lane="long")
+    targets("ll.names-x", handler=lambda job: None, lane="long", exclusive=True)
+    passed: list[tuple[Any, ...]] = []
+    reserve, next_due = store.jobs_long_reserve, store.jobs_long_next_due
+
+    def spy_reserve(*args: Any, **kwargs: Any) -> Any:
+        passed.append((kwargs["targets"], kwargs["exclusive_targets"]))
+        return reserve(*args, **kwargs)
+
+    def spy_next_due(names: Any, now: datetime) -> Any:
+        passed.append((names,))
+        return next_due(names, now)
+
+    monkeypatch.setattr(store, "jobs_long_reserve", spy_reserve)
+    monkeypatch.setattr(store, "jobs_long_next_due", spy_next_due)
+    put("ll.names", t0)
+    lane = long_worker("N")
+    assert lane.run_once(t0) == 1
+    assert lane.run_once(t0) == 0
+    made = registry.lane_names(Lane.LONG)
+    assert "ll.names-x" in made.exclusive_names
+    assert len(passed) == 3
+    for names, *exclusive in passed:
+        assert names is made.names
+        assert all(given is made.exclusive_names for given in exclusive)
 
 
 def test_short_handlers_get_long_prefetch_rows_per_thread_and_slow_ones_one(

@@ -25,6 +25,7 @@ from jobs_engine.registry import (
     Target,
     all_targets,
     get_target,
+    lane_names,
     lane_targets,
     unregister_target,
 )
@@ -193,3 +194,20 @@ def test_lane_targets_follow_registration_and_removal(targets: Any) -> None:
     assert "reg.long" in [t.name for t in lane_targets(Lane.LONG)]
     unregister_target("reg.lane-a")
     assert "reg.lane-a" not in [t.name for t in lane_targets(Lane.FAST)]
+
+
+def test_lane_names_are_made_with_the_lane_targets_and_kept_until_they_change(
+        targets: Any) -> None:
+    """A long-lane poll passes its targets' names and the exclusive ones' to the reserve:
+    made once with the targets, not at each poll."""
+    targets("reg.names-b", lane="long", exclusive=True)
+    targets("reg.names-a", lane="long")
+    made = lane_names(Lane.LONG)
+    assert lane_names(Lane.LONG) is made
+    assert made.targets is lane_targets(Lane.LONG)
+    assert made.names == tuple(t.name for t in made.targets)
+    assert {"reg.names-a", "reg.names-b"} <= set(made.names)
+    assert "reg.names-b" in made.exclusive_names and "reg.names-a" not in made.exclusive_names
+    unregister_target("reg.names-b")
+    again = lane_names(Lane.LONG)
+    assert again is not made and "reg.names-b" not in again.names + again.exclusive_names
