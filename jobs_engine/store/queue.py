@@ -779,6 +779,15 @@ def _names_literal(names: tuple[str, ...]) -> str:
     return text_array(names)
 
 
+def _read_per_row(per_row: Collection[str], limits: Mapping[str, int]) -> tuple[str, ...]:
+    """The targets of ``per_row`` among those a poll reads (``limits``): only those can be
+    its first send. A wake-up's poll reads a few, and the worker's whole list was an array
+    the server parsed at each of them (500 names: 0.07 ms a statement)."""
+    if len(limits) < len(per_row):
+        return tuple(name for name in sorted(limits) if name in per_row)
+    return tuple(per_row)
+
+
 _NEXT_RUN_AT = len(_JOB_COLUMNS)  # where a read row's next_run_at is, after a Job's columns
 
 
@@ -875,7 +884,7 @@ def jobs_fast_poll(
                                     enqueues_seen=enqueues_seen)
     # Whether the first target sends per row: one test of one name, whatever the count.
     single = "(SELECT (SELECT min(target) FROM due) = ANY(%s::text[]))"  # an InitPlan
-    single_params = [_names_literal(tuple(per_row))]
+    single_params = [_names_literal(_read_per_row(per_row, limits))]
     first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
                   "ORDER BY next_run_at, id LIMIT %s)")
     lazily = _flush_lazily(flush_lazily, "EXISTS (SELECT 1 FROM first_send "
