@@ -437,7 +437,8 @@ def start_project(python: Path, project: Path, section: str, env: dict[str, str]
     """``startproject``, the README's URLs, the host's ``schedules`` app (``startapp``), the
     shop app and the probe script."""
     project.mkdir()
-    run([python, "-m", "django", "startproject", "hostsite", project], cwd=project.parent)
+    run([python, "-m", "django", "startproject", "hostsite", project], cwd=project.parent,
+        env=env)  # not the outer settings module (nor PYTHONPATH), which it would try to load
     (project / "hostsite" / "urls.py").write_text(code_block(section, "# urls.py"))
     manage(python, project, env, "startapp", "schedules")
     for name, text in {**HOST_SCHEDULES_APP, **SHOP_APP, "probe.py": PROBE}.items():
