@@ -90,7 +90,7 @@ def raw_kafka(bootstrap: str, topic: str, n: int, keys: int, per_flush: int | No
     protocol, without the database); None: produce everything, then flush once."""
     from confluent_kafka import Producer
 
-    from kafka_target.settings import parse_kafka_settings
+    from jobs_engine.contrib.kafka.settings import parse_kafka_settings
 
     config = parse_kafka_settings({"BOOTSTRAP_SERVERS": bootstrap}, environ={}).producer_config()
     producer = Producer(config)

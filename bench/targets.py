@@ -9,8 +9,8 @@ registers N no-op fast-lane targets ``bench.idle.fast.<i>`` and N no-op long-lan
 ``bench.idle.long.<i>`` that never receive a job (``bench/apps.py`` reads it; the driver
 calls ``register_idle`` itself, so the poll it EXPLAINs is the workers').
 
-The Kafka targets are the real ``kafka_target`` ones: worker processes get them from the
-environment (``kafka_env``: ``JOBS_KAFKA_BOOTSTRAP_SERVERS``/``JOBS_KAFKA_EXTRA_TOPICS``
+The Kafka targets are the real ``jobs_engine.contrib.kafka`` ones: worker processes get them
+from the environment (``kafka_env``: ``JOBS_KAFKA_BOOTSTRAP_SERVERS``/``JOBS_KAFKA_EXTRA_TOPICS``
 override ``JOBS["KAFKA"]``), the driver registers the same ones (``register_kafka``).
 """
 
@@ -21,10 +21,10 @@ import time
 from collections.abc import Mapping, Sequence
 
 from jobs_engine import flows, registry
+from jobs_engine.contrib.kafka.settings import DEFAULT_BATCH_SIZE
 from jobs_engine.job import Job
 from jobs_engine.policies import JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
-from kafka_target.settings import DEFAULT_BATCH_SIZE
 
 AT_MOST_ONCE = "bench.noop_at_most_once"
 AT_LEAST_ONCE = "bench.noop_at_least_once"
@@ -119,8 +119,8 @@ def kafka_settings(bootstrap: str) -> dict[str, str]:
 def register_kafka(bootstrap: str) -> None:
     """Register the bench's Kafka targets in this process, as the workers get them (again
     if they exist: the driver may be pointed at another broker), and the database's part."""
-    from kafka_target.settings import parse_kafka_settings
-    from kafka_target.target import register_topics
+    from jobs_engine.contrib.kafka.settings import parse_kafka_settings
+    from jobs_engine.contrib.kafka.target import register_topics
 
     for kind in KAFKA_TOPICS:
         registry.unregister_target(kafka_target(kind))

@@ -108,8 +108,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "ninja",  # serves the API docs' assets locally (no CDN)
     "jobs_engine",
-    "schedules",
-    "kafka_target",
+    "jobs_engine.contrib.schedules",
+    "jobs_engine.contrib.kafka",
     "examples",
 ]
 
@@ -159,7 +159,8 @@ DEMO_ORDERS_TOPIC = os.environ.get("DEMO_ORDERS_TOPIC", "demo.orders")
 
 # Every tuning number of the engine; each may be overridden by env JOBS_<NAME>.
 JOBS: dict = {
-    # Kafka targets (kafka_target): one kafka:<topic> fast-lane target per EXTRA_TOPICS entry.
+    # Kafka targets (the jobs_engine.contrib.kafka app): one kafka:<topic> fast-lane target
+    # per EXTRA_TOPICS entry.
     # With no broker running, the targets pause (TargetUnreachable) and their rows wait.
     # JOBS_KAFKA_BOOTSTRAP_SERVERS / _ENABLED / _EXTRA_TOPICS override these per process.
     "KAFKA": {
@@ -179,10 +180,9 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
+        # Also jobs_engine.schedules and jobs_engine.kafka, with jobs_engine.kafka.librdkafka:
+        # the Kafka client's own log lines (repeats rate-limited).
         "jobs_engine": {"handlers": ["console"], "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
-        # kafka_target.librdkafka: the Kafka client's own log lines (repeats rate-limited).
-        "kafka_target": {"handlers": ["console"],
-                         "level": os.environ.get("JOBS_LOG_LEVEL", "INFO")},
         "examples": {"handlers": ["console"], "level": "INFO"},
     },
 }

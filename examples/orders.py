@@ -19,7 +19,7 @@ from django.db import transaction
 
 from examples.models import Order
 from jobs_engine import EnqueueResult, enqueue, next_version
-from kafka_target import target_name
+from jobs_engine.contrib.kafka import target_name
 
 ORDER_STATUS_CHANGED = "order_status_changed"
 DEFAULT_TOPIC = "demo.orders"

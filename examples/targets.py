@@ -13,9 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from jobs_engine import DEFAULT_POLICY, DeliveryMode, Job, JobPolicy, Lane, register_target
+from jobs_engine.contrib.schedules import declare, declared
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.registry import get_target
-from schedules import declare, declared
 
 logger = logging.getLogger("examples")
 

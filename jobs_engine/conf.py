@@ -128,7 +128,7 @@ MIN_METRICS_TOKEN_LENGTH = 16
 API_DOCS_CHOICES = ("staff", "public", "off")
 
 
-# Sections of ``JOBS`` that other apps read and check themselves (``kafka_target``'s
+# Sections of ``JOBS`` that other apps read and check themselves (``contrib.kafka``'s
 # "KAFKA"): the engine passes over them. One an app not installed would read is unknown.
 _SECTIONS: set[str] = set()
 

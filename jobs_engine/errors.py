@@ -3,14 +3,14 @@
 Four families, each named for the condition:
 
 - caller errors, raised before anything is written: ``UnknownTarget``, ``DuplicateTarget``,
-  ``InvalidJob``, ``InvalidPolicy`` (and ``schedules``' ``InvalidSchedule``,
+  ``InvalidJob``, ``InvalidPolicy`` (and the schedules app's ``InvalidSchedule``,
   ``DuplicateSchedule``);
 - handler outcomes, raised by a target's handler to steer its row: ``TargetUnreachable``,
-  ``TargetOutcomeUnknown``, ``DeadNow`` (``kafka_target``'s ``KafkaSendError`` is an
+  ``TargetOutcomeUnknown``, ``DeadNow`` (the Kafka app's ``KafkaSendError`` is an
   answered failure; ``InvalidResult`` is the engine's verdict on a result it cannot store);
 - refused operator actions, which changed nothing and carry the API's answer:
   ``OperationRefused`` and below it ``NotFound`` (``JobNotFound``, ``ScheduleNotFound``),
-  ``InvalidStatus`` and ``schedules``' ``InvalidCron``;
+  ``InvalidStatus`` and the schedules app's ``InvalidCron``;
 - configuration: ``InvalidSettings`` (also an ``ImproperlyConfigured``) and
   ``DatabaseNotReady``.
 """

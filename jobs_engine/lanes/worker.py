@@ -40,7 +40,7 @@ logger = logging.getLogger("jobs_engine")
 
 SCHEDULES = "schedules"  # served by a companion app through ``register_service``
 
-# A lane served by another app (``schedules``): the engine imports no such app; the app
+# A lane served by another app (``contrib.schedules``): the engine imports no such app; the app
 # registers a factory here from its ``ready()``. A worker running that lane calls the
 # factory once and then the returned callable on every loop; it answers the seconds
 # until it wants to run again.

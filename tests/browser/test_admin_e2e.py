@@ -20,9 +20,9 @@ from django.core.management import call_command
 from playwright.sync_api import Page, expect
 
 from examples.targets import EVENT_LOG, REPORT
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.models import AuditRecord, Job
 from jobs_engine.states import JobStatus
-from schedules.models import Schedule
 from tests.db.operator_helpers import make_job, manager
 from tests.db.schedule_helpers import declared_schedule
 
@@ -92,7 +92,7 @@ def test_manager_retries_a_dead_job_and_disables_a_schedule(
         assert listed_ids(page, 1) == [dead[1].id]
 
         # -- disable the schedule with the list action ------------------------------------
-        page.goto(f"{base}/admin/schedules/schedule/")
+        page.goto(f"{base}/admin/jobs_engine_schedules/schedule/")
         row = page.locator("#result_list tbody tr", has_text=schedule.code)
         expect(row.locator("td.field-enabled img")).to_have_attribute("alt", "True")
         expect(row.locator("td.field-timezone")).to_have_text("Europe/Berlin")

@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from jobs_engine.contrib.schedules import declare, sync_declared
+from jobs_engine.contrib.schedules.declarations import undeclare
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.job import Job
-from schedules import declare, sync_declared
-from schedules.declarations import undeclare
-from schedules.models import Schedule
 
 # Columns an operator action may change; a refused one leaves them as they were.
 STATE = ("enabled", "cron", "cron_override", "timezone", "next_run_at", "updated_at")

@@ -25,6 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from jobs_engine import flows
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.models import (
     AuditRecord,
     CompletedJob,
@@ -38,7 +39,6 @@ from jobs_engine.models import (
 from jobs_engine.operators.actions import audit
 from jobs_engine.operators.api import api
 from jobs_engine.states import FlowState, JobStatus, StepState
-from schedules.models import Schedule
 from tests.db.operator_helpers import make_job, manager, staff
 from tests.db.schedule_helpers import declared_schedule, state
 
@@ -107,7 +107,8 @@ def viewer() -> User:
     """Staff with Django's view permission on every model of both apps, nothing else."""
     user = staff("viewer")
     user.user_permissions.add(*Permission.objects.filter(
-        codename__startswith="view_", content_type__app_label__in=["jobs_engine", "schedules"]))
+        codename__startswith="view_",
+        content_type__app_label__in=["jobs_engine", "jobs_engine_schedules"]))
     return User.objects.get(pk=user.pk)
 
 
@@ -131,7 +132,7 @@ MODELS: dict[str, Callable[[Rows], Any]] = {
     "jobs_engine_partition": lambda r: r.partition.pk,
     "jobs_engine_worker": lambda r: r.worker.pk,
     "jobs_engine_auditrecord": lambda r: r.record.pk,
-    "schedules_schedule": lambda r: r.schedule.pk,
+    "jobs_engine_schedules_schedule": lambda r: r.schedule.pk,
 }
 # Where a manager finds the private text.
 SHOWN = {("jobs_engine_job", "change"): ["payload", "headers", "actor", "error"],
@@ -205,7 +206,7 @@ def _bulk(model: str, action: str, **extra: Any) -> Action:
     def make(rows: Rows) -> tuple[str, dict[str, Any], str, str]:
         selected = {"jobs_engine_job": [rows.job.pk, rows.dead.pk, rows.pending.pk],
                     "jobs_engine_targetpause": [rows.pause.pk],
-                    "schedules_schedule": [rows.schedule.pk]}[model]
+                    "jobs_engine_schedules_schedule": [rows.schedule.pk]}[model]
         url = reverse(f"admin:{model}_changelist")
         data = {"action": action, "_selected_action": selected, **extra}
         return url, data, url, f'value="{action}"'
@@ -220,13 +221,13 @@ ACTIONS = {
     "job bulk skip": _bulk("jobs_engine_job", "skip_selected"),
     "job bulk cancel": _bulk("jobs_engine_job", "cancel_selected"),
     "resume": _bulk("jobs_engine_targetpause", "resume_selected"),
-    "schedule enable": _bulk("schedules_schedule", "enable_selected"),
-    "schedule disable": _bulk("schedules_schedule", "disable_selected"),
-    "schedule set override form": _bulk("schedules_schedule", "set_override"),
-    "schedule set override": _bulk("schedules_schedule", "set_override",
+    "schedule enable": _bulk("jobs_engine_schedules_schedule", "enable_selected"),
+    "schedule disable": _bulk("jobs_engine_schedules_schedule", "disable_selected"),
+    "schedule set override form": _bulk("jobs_engine_schedules_schedule", "set_override"),
+    "schedule set override": _bulk("jobs_engine_schedules_schedule", "set_override",
                                    cron_override="*/5 * * * *", apply="Set override"),
-    "schedule clear override": _bulk("schedules_schedule", "clear_override"),
-    "schedule run now": _bulk("schedules_schedule", "run_now_selected"),
+    "schedule clear override": _bulk("jobs_engine_schedules_schedule", "clear_override"),
+    "schedule run now": _bulk("jobs_engine_schedules_schedule", "run_now_selected"),
     "job change form": lambda rows: (page_url(rows, "jobs_engine_job", "change"),
                                      {"status": "PENDING", "payload": "{}"},
                                      page_url(rows, "jobs_engine_job", "change"), "_save"),

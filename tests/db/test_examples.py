@@ -29,14 +29,14 @@ from examples.orders import (
     update_order_status,
 )
 from jobs_engine import conf, registry, store
+from jobs_engine.contrib.kafka.producer import close_producers
+from jobs_engine.contrib.kafka.settings import parse_kafka_settings
+from jobs_engine.contrib.kafka.target import register_topics
 from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job, TargetPause, VersionCounter
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
-from kafka_target.producer import close_producers
-from kafka_target.settings import parse_kafka_settings
-from kafka_target.target import register_topics
 from tests.helpers import FakeMonotonic
 
 TRANSACTIONAL = pytest.mark.django_db(transaction=True)

@@ -1,7 +1,7 @@
 """Schedules against a real database (docs/design.md#schedules).
 
 Every tick, sync and admin call gets an explicit decision time, and the slot runner's clock
-(``schedules.runner.clock``) is pointed at the test's clock, so "time passes" without
+(``contrib.schedules.runner.clock``) is pointed at the test's clock, so "time passes" without
 sleeping. The long lane runs inline (``threads=False``); "a handler runs for minutes" is
 played out inside the handler, which ticks and lets another worker poll at later times.
 Other declared schedules (the demo's) are set aside for each test so only the test's
@@ -22,15 +22,7 @@ import pytest
 from django.core.management import call_command
 
 from jobs_engine.conf import load_settings
-from jobs_engine.errors import UnknownTarget
-from jobs_engine.job import Job
-from jobs_engine.lanes.long import LongLane
-from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.lanes.worker import SCHEDULES, WorkerProcess
-from jobs_engine.models import Job as JobModel
-from jobs_engine.registry import get_target
-from jobs_engine.states import DeliveryMode, Lane
-from schedules import (
+from jobs_engine.contrib.schedules import (
     DuplicateSchedule,
     InvalidCron,
     InvalidSchedule,
@@ -41,9 +33,17 @@ from schedules import (
     runner,
     sync_declared,
 )
-from schedules.declarations import Declaration, declared, slot_policy, undeclare
-from schedules.models import Schedule
-from schedules.tick import TickReport, TickService, _tick_row, tick
+from jobs_engine.contrib.schedules.declarations import Declaration, declared, slot_policy, undeclare
+from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.contrib.schedules.tick import TickReport, TickService, _tick_row, tick
+from jobs_engine.errors import UnknownTarget
+from jobs_engine.job import Job
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.lanes.worker import SCHEDULES, WorkerProcess
+from jobs_engine.models import Job as JobModel
+from jobs_engine.registry import get_target
+from jobs_engine.states import DeliveryMode, Lane
 from tests.helpers import FakeMonotonic, race
 
 pytestmark = pytest.mark.django_db

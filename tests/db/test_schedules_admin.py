@@ -19,14 +19,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import strip_tags
 
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.models import AuditRecord, Job
-from schedules.models import Schedule
 from tests.db.operator_helpers import manager_client, staff
 from tests.db.schedule_helpers import declared_schedule, state
 
 pytestmark = pytest.mark.django_db
 
-CHANGELIST = reverse("admin:schedules_schedule_changelist")
+CHANGELIST = reverse("admin:jobs_engine_schedules_schedule_changelist")
 BERLIN = ZoneInfo("Europe/Berlin")
 
 
@@ -85,7 +85,7 @@ def test_a_viewer_without_the_manage_permission_gets_no_actions(sched: Schedule)
 
     content = viewer.get(CHANGELIST).content.decode()
     assert sched.code in content and "disable_selected" not in content
-    detail = viewer.get(reverse("admin:schedules_schedule_change", args=[sched.pk]))
+    detail = viewer.get(reverse("admin:jobs_engine_schedules_schedule_change", args=[sched.pk]))
     assert detail.status_code == 200 and sched.code in detail.content.decode()
     for action in ("disable_selected", "run_now_selected", "set_override"):
         assert act(viewer, action, [sched], cron_override="* * * * *",
@@ -131,7 +131,7 @@ def test_list_shows_cron_override_zone_enabled_next_run_in_zone_last_run_and_ski
 
 def test_detail_page_shows_the_next_run_in_the_zone(client: Client, sched: Schedule) -> None:
     row = Schedule.objects.get(pk=sched.pk)
-    response = client.get(reverse("admin:schedules_schedule_change", args=[sched.pk]))
+    response = client.get(reverse("admin:jobs_engine_schedules_schedule_change", args=[sched.pk]))
     assert response.status_code == 200
     content = response.content.decode()
     assert row.next_run_at.astimezone(BERLIN).strftime("%Y-%m-%d %H:%M:%S %Z") in content

@@ -17,9 +17,9 @@ from django.test import Client
 from django.utils import timezone
 
 from jobs_engine import store
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.models import AuditRecord, Job
 from jobs_engine.operators.api import MAX_BODY_BYTES
-from schedules.models import Schedule
 from tests.db.operator_helpers import manager, manager_client, staff
 from tests.db.schedule_helpers import declared_schedule, state
 

@@ -18,6 +18,11 @@ from django.test import Client, RequestFactory
 from jobs_engine import flows, store
 from jobs_engine.checks import check_jobs_settings
 from jobs_engine.context import RequestContextMiddleware
+from jobs_engine.contrib.schedules import declare
+from jobs_engine.contrib.schedules.errors import InvalidSchedule
+from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.contrib.schedules.operations import run_now
+from jobs_engine.contrib.schedules.tick import tick
 from jobs_engine.enqueueing import enqueue, enqueue_many
 from jobs_engine.errors import InvalidFlow, InvalidJob, InvalidSettings
 from jobs_engine.inspection import get_job
@@ -27,11 +32,6 @@ from jobs_engine.policies import JobPolicy
 from jobs_engine.states import FlowState, JobStatus
 from jobs_engine.tasks.compat import task_backends
 from jobs_engine.tenancy import PLATFORM
-from schedules import declare
-from schedules.errors import InvalidSchedule
-from schedules.models import Schedule
-from schedules.operations import run_now
-from schedules.tick import tick
 from tests import task_functions as tasks
 from tests.db.conftest import BY_TENANT
 from tests.db.operator_helpers import manager

@@ -28,6 +28,7 @@ from django.urls import URLPattern, reverse
 from django.utils import timezone
 
 from jobs_engine import flows, store
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.models import (
     AuditRecord,
     CompletedJob,
@@ -42,7 +43,6 @@ from jobs_engine.operators.actions import audit
 from jobs_engine.operators.api import api
 from jobs_engine.states import FlowState, JobStatus, StepState
 from jobs_engine.tenancy import PLATFORM
-from schedules.models import Schedule
 from tests.db.conftest import BY_TENANT
 from tests.db.operator_helpers import make_job, manager
 from tests.db.schedule_helpers import declared_schedule
@@ -50,7 +50,7 @@ from tests.db.schedule_helpers import declared_schedule
 pytestmark = pytest.mark.django_db
 
 API = "/jobs/api/v1"
-APPS = ("jobs_engine", "schedules")
+APPS = ("jobs_engine", "jobs_engine_schedules")
 UNKNOWN_ID = 987654321  # no row has it
 UNKNOWN_CODE = "no_such_schedule"
 DEFINED_FLOW = "tenants-defined"
@@ -292,7 +292,7 @@ def object_of(world: World, rows: Owned | None, model: str, route: str) -> Any:
         "jobs_engine_job": {"skip": rows.dead, "cancel": rows.pending}.get(action, rows.job),
         "jobs_engine_completedjob": rows.completed,
         "jobs_engine_flow": rows.running_flow if action == "cancel" else rows.failed_flow,
-        "schedules_schedule": rows.schedule,
+        "jobs_engine_schedules_schedule": rows.schedule,
         "jobs_engine_auditrecord": rows.record,
         # The cluster's rows belong to no tenant: every tenant is refused them.
         "jobs_engine_partition": world.partition,

@@ -6,8 +6,11 @@ README's "Add it to your Django project" says (its settings and URL code blocks 
 README.md, so the section and this test cannot drift); then, first without extras and then
 with the README's extras: system checks, migrations, every engine admin page, the API docs,
 the metrics, and a job enqueued in a transaction delivered by a real ``run_workers``. Nothing
-may write into site-packages. The host project runs on SQLite (startproject's default); pip
-fetches Django, croniter and the extras from PyPI (its cache makes a rerun quick).
+may write into site-packages. The wheel installs no top-level package but ``jobs_engine``, and
+the host has an app of its own named ``schedules`` (a common name, so the engine's schedules
+app may not take it as its package, label, table, templates or admin URL names). The host
+project runs on SQLite (startproject's default); pip fetches Django, croniter and the extras
+from PyPI (its cache makes a rerun quick).
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from pathlib import Path
 from jobs_engine.testing import ProcessGroup, WaitTimeout, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-APPS = ("jobs_engine", "schedules", "kafka_target")
+# The engine's apps: their folders in the repository and their labels.
+APP_DIRS = ("jobs_engine", "jobs_engine/contrib/schedules", "jobs_engine/contrib/kafka")
+APP_LABELS = ("jobs_engine", "jobs_engine_schedules", "jobs_engine_kafka")
+TOP_LEVEL = {"jobs_engine"}  # every module of the wheel is below it
 DATA_DIRS = ("templates", "static", "migrations")  # shipped as files next to the modules
 NOT_IN_SDIST = ("config", "examples", "bench", "tests", "scripts")
 # Not copied to the build tree (besides hidden folders such as .git and .venv, and any
@@ -39,8 +45,36 @@ PASSWORD = "host-test-password"
 METRICS_TOKEN = "host-test-metrics-token"
 DELIVERED = {"order": 1, "status": "paid"}
 
+# The host's own app named ``schedules`` (made by ``startapp``, these files written over its
+# own): a model ``Schedule``, so its label, table, admin URL names and admin template folder are
+# the ones the engine's schedules app would take under that name. It is first in
+# INSTALLED_APPS, so its template would stand in for the engine's set-override form if the two
+# shared a name.
+HOST_MARK = "the host's own schedules template"
+HOST_ROW = "host-schedule-row"
+HOST_SCHEDULES_APP = {
+    "schedules/models.py": """\
+from django.db import models
+
+
+class Schedule(models.Model):
+    name = models.CharField(max_length=100)
+
+    def __str__(self) -> str:
+        return self.name
+""",
+    "schedules/admin.py": """\
+from django.contrib import admin
+
+from schedules.models import Schedule
+
+admin.site.register(Schedule)
+""",
+    "schedules/templates/admin/schedules/schedule/set_override.html": HOST_MARK + "\n",
+}
+
 # The host's business app: a fast-lane target that appends each payload to outbox.jsonl,
-# and one schedule (so the schedules admin has a row).
+# and one schedule (so the engine's schedules admin has a row).
 SHOP_APP = {
     "shop/__init__.py": "",
     "shop/apps.py": """\
@@ -60,7 +94,7 @@ import json
 from pathlib import Path
 
 from jobs_engine import Job, Lane, register_target
-from schedules import declare
+from jobs_engine.contrib.schedules import declare
 
 MAIL_SEND = "shop:mail-send"
 OUTBOX = Path(__file__).resolve().parent.parent / "outbox.jsonl"
@@ -97,11 +131,16 @@ def send_welcome(user_id: int) -> str:
 }
 
 # Run inside the host project: ``probe.py bare`` (no extras) or ``probe.py full``. Prints
-# every failing URL, then exits 1 if there was one.
-PROBE = """\
+# every failing URL or check, then exits 1 if there was one.
+PROBE = f"""\
+APP_LABELS = {APP_LABELS!r}
+HOST_MARK = {HOST_MARK!r}
+HOST_ROW = {HOST_ROW!r}
+""" + """\
 import os
 import sys
 import sysconfig
+from pathlib import Path
 
 import django
 
@@ -110,13 +149,14 @@ django.setup()
 from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import setup_test_environment
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 
 import jobs_engine
+import schedules
 
 failures = []
 
@@ -136,8 +176,9 @@ def seed(user):
     # One row of each engine model, made by the engine's own functions.
     from jobs_engine import enqueue, flows, store
     from jobs_engine.conf import jobs_settings
+    from jobs_engine.contrib.schedules.sync import sync_declared
     from jobs_engine.operators.actions import audit
-    from schedules.sync import sync_declared
+    from schedules.models import Schedule as HostSchedule
     from shop.jobs import MAIL_SEND
 
     now = timezone.now()
@@ -151,6 +192,7 @@ def seed(user):
     store.job_stats_fold_shards()  # as a retention pass does
     audit(user, "probe", "job", job.job_id, ok=True, message="by the probe")
     sync_declared()
+    HostSchedule.objects.get_or_create(name=HOST_ROW)
     with transaction.atomic():
         flows.chain("probe-flow", [flows.Step("probe.step", {"seeded": True})])
 
@@ -158,7 +200,7 @@ def seed(user):
 def admin_pages(client):
     for model in admin.site._registry:
         meta = model._meta
-        if meta.app_label not in ("jobs_engine", "schedules", "kafka_target"):
+        if meta.app_label not in APP_LABELS:
             continue
         name = f"admin:{meta.app_label}_{meta.model_name}"
         expect(client, reverse(f"{name}_changelist"), 200)
@@ -173,9 +215,36 @@ def admin_pages(client):
             expect(client, reverse(f"{name}_change", args=[quote(row.pk)]), 200)
 
 
+# The host's schedules app and the engine's side by side: each its own admin pages, and the
+# engine's set-override form its own template.
+def beside_the_hosts_schedules(client):
+    from jobs_engine.contrib.schedules.models import Schedule
+
+    expect(client, reverse("admin:schedules_schedule_changelist"), 200, HOST_ROW)
+    changelist = reverse("admin:jobs_engine_schedules_schedule_changelist")
+    expect(client, changelist, 200, "shop_nightly_report")
+    row = Schedule.objects.get(code="shop_nightly_report")
+    response = client.post(changelist, {"action": "set_override", "_selected_action": [row.pk]})
+    page = response.content.decode(errors="replace")
+    if response.status_code != 200 or 'id="set-override-form"' not in page or HOST_MARK in page:
+        failures.append(f"FAIL POST {changelist} set_override: {response.status_code}, "
+                        f"not the engine's form: {page[:200]!r}")
+
+
+# The host's table and the engine's, each under its own app's label.
+def tables():
+    found = set(connection.introspection.table_names())
+    for table in ("schedules_schedule", "jobs_engine_schedules_schedule"):
+        if table not in found:
+            failures.append(f"FAIL no table {table}")
+
+
 setup_test_environment()  # allows the test client's host, "testserver"
 if not jobs_engine.__file__.startswith(sysconfig.get_path("purelib")):
     failures.append(f"FAIL jobs_engine imported from {jobs_engine.__file__}, not the venv")
+if not Path(schedules.__file__).resolve().is_relative_to(Path.cwd().resolve()):
+    failures.append(f"FAIL schedules imported from {schedules.__file__}, not the host's app")
+tables()
 anonymous = Client(raise_request_exception=False)
 if sys.argv[1] == "bare":
     expect(anonymous, "/jobs/api/v1/docs", 501, "pip install 'jobs-engine[api]'")
@@ -192,6 +261,7 @@ else:
     if not client.login(username="admin", password=os.environ["DJANGO_SUPERUSER_PASSWORD"]):
         failures.append("FAIL the superuser cannot log in")
     admin_pages(client)
+    beside_the_hosts_schedules(client)
     # Seeded 3, and the job and the task the worker delivered before this probe.
     expect(client, reverse("admin:jobs_engine_jobstat_changelist"), 200, 'data-total="5"')
     expect(client, "/jobs/api/v1/docs", 200)
@@ -286,8 +356,11 @@ def build(out: Path) -> tuple[Path, Path]:
 
 def data_files() -> set[str]:
     """Every file under the apps' templates, static and migrations folders."""
-    found = {"jobs_engine/templates/admin/jobs_engine/input_filter.html"}
-    for app in APPS:
+    found = {"jobs_engine/templates/admin/jobs_engine/input_filter.html",
+             "jobs_engine/contrib/schedules/migrations/0001_initial.py",
+             "jobs_engine/contrib/schedules/templates/admin/jobs_engine_schedules/schedule/"
+             "set_override.html"}
+    for app in APP_DIRS:
         for folder in DATA_DIRS:
             found |= {path.relative_to(REPO).as_posix()
                       for path in (REPO / app / folder).rglob("*")
@@ -296,11 +369,18 @@ def data_files() -> set[str]:
 
 
 def check_wheel(wheel: Path) -> None:
-    names = zipfile.ZipFile(wheel).namelist()
+    """The wheel's file list: one top-level package, ``jobs_engine`` (and so says its
+    top_level.txt), with every data file of its apps."""
+    archive = zipfile.ZipFile(wheel)
+    names = archive.namelist()
     tops = {name.split("/")[0] for name in names}
     dist_info = {top for top in tops if top.endswith(".dist-info")}
-    assert len(dist_info) == 1 and tops - dist_info == set(APPS), \
+    assert len(dist_info) == 1 and tops - dist_info == TOP_LEVEL, \
         f"{wheel.name}: top-level entries {sorted(tops)}"
+    (info,) = dist_info
+    if f"{info}/top_level.txt" in names:
+        declared = set(archive.read(f"{info}/top_level.txt").decode().split())
+        assert declared == TOP_LEVEL, f"{wheel.name}: top_level.txt names {sorted(declared)}"
     missing = data_files() - set(names)
     assert not missing, f"{wheel.name} lacks {sorted(missing)}"
 
@@ -353,13 +433,16 @@ def host_env() -> dict[str, str]:
             "DJANGO_SUPERUSER_PASSWORD": PASSWORD, "METRICS_TOKEN": METRICS_TOKEN}
 
 
-def start_project(python: Path, project: Path, section: str) -> None:
-    """``startproject``, the README's URLs, the shop app and the probe script."""
+def start_project(python: Path, project: Path, section: str, env: dict[str, str]) -> None:
+    """``startproject``, the README's URLs, the host's ``schedules`` app (``startapp``), the
+    shop app and the probe script."""
     project.mkdir()
-    run([python, "-m", "django", "startproject", "hostsite", project], cwd=project.parent)
+    run([python, "-m", "django", "startproject", "hostsite", project], cwd=project.parent,
+        env=env)  # not the outer settings module (nor PYTHONPATH), which it would try to load
     (project / "hostsite" / "urls.py").write_text(code_block(section, "# urls.py"))
-    for name, text in {**SHOP_APP, "probe.py": PROBE}.items():
-        (project / name).parent.mkdir(exist_ok=True)
+    manage(python, project, env, "startapp", "schedules")
+    for name, text in {**HOST_SCHEDULES_APP, **SHOP_APP, "probe.py": PROBE}.items():
+        (project / name).parent.mkdir(parents=True, exist_ok=True)
         (project / name).write_text(text)
     settings = project / "hostsite" / "settings.py"
     settings.with_suffix(".startproject").write_text(settings.read_text())
@@ -367,8 +450,8 @@ def start_project(python: Path, project: Path, section: str) -> None:
 
 def write_settings(project: Path, section: str, *, api: bool) -> None:
     """startproject's settings, then the README's block (its ``"ninja"`` line only with the
-    api extra installed), then the shop app; with the extras, the Tasks API's block of
-    "Using Django's Tasks API" too."""
+    api extra installed), then the host's ``schedules`` app (first) and the shop app; with the
+    extras, the Tasks API's block of "Using Django's Tasks API" too."""
     block = code_block(section, "# settings.py")
     if not api:
         block = "\n".join(line for line in block.splitlines() if '"ninja"' not in line)
@@ -376,7 +459,8 @@ def write_settings(project: Path, section: str, *, api: bool) -> None:
         block += "\n" + code_block(readme_section(TASKS_SECTION), "# settings.py")
     settings = project / "hostsite" / "settings.py"
     base = settings.with_suffix(".startproject").read_text()
-    settings.write_text(f'{base}\n{block}\nINSTALLED_APPS += ["shop"]\n')
+    apps = 'INSTALLED_APPS = ["schedules", *INSTALLED_APPS, "shop"]'
+    settings.write_text(f"{base}\n{block}\n{apps}\n")
 
 
 def manage(python: Path, project: Path, env: dict[str, str], *args: str) -> str:
@@ -435,9 +519,10 @@ def test_host_project(tmp_path: Path) -> None:
     pip_install(python, str(wheel), cwd=tmp_path)
     installed = snapshot(site)
     project, env = tmp_path / "host", host_env()
-    start_project(python, project, section)
+    start_project(python, project, section, env)
     write_settings(project, section, api=False)
     manage(python, project, env, "check", "--fail-level", "WARNING")
+    manage(python, project, env, "makemigrations", "schedules")  # the host's own app
     manage(python, project, env, "makemigrations", "--check", "--dry-run")
     manage(python, project, env, "migrate")
     manage(python, project, env, "createsuperuser", "--noinput", "--username", "admin",

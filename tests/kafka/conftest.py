@@ -26,13 +26,13 @@ import pytest
 
 from jobs_engine import conf, registry, store
 from jobs_engine.conf import JobsSettings
+from jobs_engine.contrib.kafka.producer import close_producers
+from jobs_engine.contrib.kafka.settings import parse_kafka_settings
+from jobs_engine.contrib.kafka.target import register_topics
 from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target
-from kafka_target.producer import close_producers
-from kafka_target.settings import parse_kafka_settings
-from kafka_target.target import register_topics
 from tests.helpers import FakeMonotonic, require_postgres
 from tests.kafka.broker import REPO_ROOT, KafkaBroker
 

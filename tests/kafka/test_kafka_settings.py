@@ -10,17 +10,17 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from jobs_engine import DEFAULT_POLICY, RUN_ONCE_POLICY, JobPolicy
-from jobs_engine.errors import InvalidSettings
-from jobs_engine.registry import all_targets
-from jobs_engine.states import DeliveryMode
-from kafka_target.checks import kafka_settings_problem
-from kafka_target.settings import (
+from jobs_engine.contrib.kafka.checks import kafka_settings_problem
+from jobs_engine.contrib.kafka.settings import (
     ENGINE_CLIENT,
     TopicSpec,
     parse_kafka_settings,
     server_problem,
     topic_problem,
 )
+from jobs_engine.errors import InvalidSettings
+from jobs_engine.registry import all_targets
+from jobs_engine.states import DeliveryMode
 
 
 def parse(environ: dict[str, str] | None = None, **kafka: Any) -> Any:
@@ -174,7 +174,8 @@ def test_system_check_reports_bad_settings(settings: Any) -> None:
     """``manage.py check`` (run by every worker command before it starts) fails naming the
     field; a good configuration passes."""
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:1", "EXTRA_TOPICS": ["a b"]}}
-    with pytest.raises(SystemCheckError, match=r"kafka_target.E001.*'a b' is not a Kafka topic"):
+    with pytest.raises(SystemCheckError,
+                       match=r"jobs_engine_kafka.E001.*'a b' is not a Kafka topic"):
         call_command("check")
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:1", "EXTRA_TOPICS": ["ok"]}}
     assert kafka_settings_problem() is None
@@ -209,7 +210,7 @@ def test_ready_registers_the_configured_topics(settings: Any) -> None:
                                "EXTRA_TOPICS": "jt.ready,jt.ready-alo:at_least_once",
                                "BATCH_SIZE": 400, "POLICIES": {"jt.ready-alo": RUN_ONCE_POLICY}}}
     try:
-        apps.get_app_config("kafka_target").ready()
+        apps.get_app_config("jobs_engine_kafka").ready()
         assert get_target("kafka:jt.ready").batch_size == 400
         assert get_target("kafka:jt.ready").delivery_mode is DeliveryMode.AT_MOST_ONCE
         assert get_target("kafka:jt.ready-alo").delivery_mode is DeliveryMode.AT_LEAST_ONCE
@@ -230,7 +231,7 @@ def test_ready_with_bad_settings_registers_nothing(settings: Any,
     before = [t.name for t in all_targets() if t.name.startswith("kafka:")]
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": "127.0.0.1:1",
                                "EXTRA_TOPICS": "jt.fine,bad topic"}}
-    apps.get_app_config("kafka_target").ready()
+    apps.get_app_config("jobs_engine_kafka").ready()
     assert [t.name for t in all_targets() if t.name.startswith("kafka:")] == before
     assert "kafka:jt.fine" not in before
     assert "kafka targets not registered" in caplog.text and "'bad topic'" in caplog.text

@@ -24,15 +24,15 @@ from confluent_kafka import KafkaError
 from django.db import connection
 
 from jobs_engine import conf
+from jobs_engine.contrib.kafka.producer import KafkaProducer, OutMessage, producers
+from jobs_engine.contrib.kafka.settings import QUEUE_WAIT_S
+from jobs_engine.contrib.kafka.target import DISABLED_REASON, KafkaSendError, KafkaTarget, classify
 from jobs_engine.enqueueing import enqueue, partition_for
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus
-from kafka_target.producer import KafkaProducer, OutMessage, producers
-from kafka_target.settings import QUEUE_WAIT_S
-from kafka_target.target import DISABLED_REASON, KafkaSendError, KafkaTarget, classify
 from tests.kafka.conftest import REPO_ROOT, KafkaBroker, LaneWorker, TopicReader
 
 pytestmark = pytest.mark.django_db
@@ -481,7 +481,7 @@ def test_error_classes(code: int, outcome: type[BaseException], target_up: bool 
 def test_send_never_raises(kafka_targets: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever goes wrong inside a send is an outcome (here a bug-like failure while a
     record is built), never an exception out of the batch handler."""
-    from kafka_target import target as target_module
+    from jobs_engine.contrib.kafka import target as target_module
 
     target = kafka_targets(EXTRA_TOPICS=["jt.main"])[0]
     kafka: KafkaTarget = target.extra["kafka"]
@@ -508,7 +508,7 @@ def test_bad_bootstrap_address_is_a_clear_error_at_start_up(broker: KafkaBroker)
     done = subprocess.run([sys.executable, "manage.py", "run_fast_lane"], cwd=REPO_ROOT,
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
-    assert "kafka_target.E001" in done.stderr
+    assert "jobs_engine_kafka.E001" in done.stderr
     assert "JOBS['KAFKA']['BOOTSTRAP_SERVERS']: 'kafka-without-port' is not host:port" \
         in done.stderr
     assert "Traceback" not in done.stderr
@@ -518,7 +518,7 @@ def test_bad_bootstrap_address_is_a_clear_error_at_start_up(broker: KafkaBroker)
 def test_settings_are_parsed_from_jobs_kafka(settings: Any) -> None:
     """The targets come from ``JOBS["KAFKA"]``, this app's section of the ``JOBS`` setting
     (the engine passes over it)."""
-    from kafka_target.settings import configured
+    from jobs_engine.contrib.kafka.settings import configured
 
     settings.JOBS = {"KAFKA": {"BOOTSTRAP_SERVERS": ["127.0.0.1:1"], "EXTRA_TOPICS": "a"}}
     assert conf.jobs_settings().PARTITIONS == 64  # the engine's own settings still load
@@ -533,9 +533,12 @@ def _database_url() -> str:
     return database_url(connection.settings_dict)
 
 
-def test_engine_does_not_import_kafka_target() -> None:
-    """The engine imports no business app; the Kafka app registers itself with it."""
+def test_engine_does_not_import_the_kafka_app() -> None:
+    """The engine imports no business app; the Kafka app registers itself with it. It lives
+    in the engine's package (``jobs_engine.contrib.kafka``) for its name only."""
     import ast
+
+    app = "jobs_engine.contrib.kafka"
 
     def imported(path: Path) -> set[str]:
         names: set[str] = set()
@@ -543,12 +546,15 @@ def test_engine_does_not_import_kafka_target() -> None:
             if isinstance(node, ast.Import):
                 names |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
+                # ``from jobs_engine.contrib import kafka`` names the app as well
+                names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
         return names
 
     engine = REPO_ROOT / "jobs_engine"
+    app_dir = engine / "contrib" / "kafka"
     offenders = [str(path.relative_to(REPO_ROOT)) for path in engine.rglob("*.py")
-                 if any(name.split(".")[0] == "kafka_target" for name in imported(path))]
+                 if app_dir not in path.parents
+                 and any(name == app or name.startswith(app + ".") for name in imported(path))]
     assert offenders == []
 
 
@@ -571,7 +577,7 @@ def test_producer_config_keeps_every_send_bounded(kafka_targets: Any) -> None:
 def test_payload_value_is_the_stored_json_text() -> None:
     """The record's value is the payload's stored JSON text, sent as is (UTF-8, not decoded
     and encoded again)."""
-    from kafka_target.target import build_message
+    from jobs_engine.contrib.kafka.target import build_message
 
     stored = '{"a": [1, 2], "é": null}'
     job = Job(id=3, target="kafka:t", code="c", key=None, version=0, payload_json=stored,

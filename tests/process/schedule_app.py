@@ -34,7 +34,7 @@ class SlotRecord:
 
 
 def record_slot(slot: datetime, job: Job) -> None:
-    from schedules.declarations import slot_iso
+    from jobs_engine.contrib.schedules.declarations import slot_iso
 
     line = f"{slot_iso(slot)} {job.id} {job.attempts} {time.time():.6f}\n"
     with open(Path(os.environ[OUT_DIR_ENV]) / f"{os.getpid()}.slots", "a") as fh:
@@ -64,6 +64,6 @@ class ScheduleAppConfig(AppConfig):
     def ready(self) -> None:
         cron = os.environ.get(CRON_ENV)
         if cron:
-            from schedules import declare
+            from jobs_engine.contrib.schedules import declare
 
             declare(CODE, cron, record_slot)

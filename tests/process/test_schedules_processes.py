@@ -18,8 +18,8 @@ from itertools import pairwise
 
 import pytest
 
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.models import Job, Worker
-from schedules.models import Schedule
 from tests.process.harness import WorkerCluster, WorkerProc, wait_until
 from tests.process.schedule_app import CODE, CRON_ENV, read_slot_records
 

@@ -25,7 +25,7 @@ import yaml
 from django.core.management import get_commands
 
 from jobs_engine.conf import JobsSettings
-from kafka_target.settings import ENV_KEYS
+from jobs_engine.contrib.kafka.settings import ENV_KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"

@@ -1,7 +1,7 @@
 """librdkafka repeats the same line at every reconnect while a broker is down (about once a
-second, for as long as the outage lasts); ``kafka_target.producer.RepeatFilter`` lets one
-through per interval and says how many it dropped. A broker that is down is expected (its
-targets pause), so the lines saying so become a WARNING summary, never an ERROR."""
+second, for as long as the outage lasts); ``jobs_engine.contrib.kafka.producer.RepeatFilter``
+lets one through per interval and says how many it dropped. A broker that is down is expected
+(its targets pause), so the lines saying so become a WARNING summary, never an ERROR."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from kafka_target.producer import RepeatFilter, client_logger
-from kafka_target.settings import parse_kafka_settings
+from jobs_engine.contrib.kafka.producer import RepeatFilter, client_logger
+from jobs_engine.contrib.kafka.settings import parse_kafka_settings
 from tests.helpers import FakeMonotonic
 
 REFUSED = ("FAIL [rdkafka#producer-{n}] [thrd:127.0.0.1:19092/bootstrap]: 127.0.0.1:19092/"
@@ -41,7 +41,7 @@ UNREACHABLE = [
 
 
 def record(text: str, level: int = logging.ERROR) -> logging.LogRecord:
-    return logging.LogRecord("kafka_target.librdkafka", level, __file__, 1, "%s",
+    return logging.LogRecord("jobs_engine.kafka.librdkafka", level, __file__, 1, "%s",
                              (text,), None)
 
 

@@ -1,4 +1,4 @@
-"""Cron parsing and slot times (``schedules.cron``): the accepted syntax, the refusals, and
+"""Cron parsing and slot times (``contrib.schedules.cron``): the accepted syntax, the refusals, and
 DST-correct slots checked against a brute-force oracle in real time zones
 (docs/design.md#schedules)."""
 
@@ -11,9 +11,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from croniter import croniter
 
-from schedules.cron import CronSpec, parse_cron
-from schedules.declarations import MissedSlotPolicy, default_policy
-from schedules.errors import InvalidCron
+from jobs_engine.contrib.schedules.cron import CronSpec, parse_cron
+from jobs_engine.contrib.schedules.declarations import MissedSlotPolicy, default_policy
+from jobs_engine.contrib.schedules.errors import InvalidCron
 
 START = datetime(2026, 1, 1, tzinfo=UTC)
 

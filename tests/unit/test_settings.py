@@ -163,7 +163,7 @@ def test_jobs_that_is_not_a_dict_is_a_check_error(settings: Any) -> None:
 
 def test_a_section_no_installed_app_reads_is_an_unknown_setting(
         settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``JOBS["KAFKA"]`` belongs to ``kafka_target``; without that app (its section not
+    """``JOBS["KAFKA"]`` belongs to ``contrib.kafka``; without that app (its section not
     registered) it is an unknown setting, not silently ignored."""
     from jobs_engine import conf
 
@@ -177,12 +177,12 @@ def test_a_section_no_installed_app_reads_is_an_unknown_setting(
 
 def test_kafka_app_without_confluent_kafka_is_a_check_error_saying_what_to_install(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from kafka_target import checks as kafka_checks
+    from jobs_engine.contrib.kafka import checks as kafka_checks
 
     monkeypatch.setattr(kafka_checks, "find_spec",
                         lambda name: None if name == "confluent_kafka" else object())
     errors = kafka_checks.check_kafka_settings()
-    assert [e.id for e in errors] == ["kafka_target.E001"]
+    assert [e.id for e in errors] == ["jobs_engine_kafka.E001"]
     assert "pip install 'jobs-engine[kafka]'" in errors[0].msg
 
 

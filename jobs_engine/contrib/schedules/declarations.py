@@ -17,14 +17,14 @@ from typing import Any
 
 from django.db import models
 
+from jobs_engine.contrib.schedules.cron import CronSpec, parse_cron
+from jobs_engine.contrib.schedules.errors import DuplicateSchedule, InvalidSchedule
 from jobs_engine.errors import DuplicateTarget
 from jobs_engine.job import Job
 from jobs_engine.policies import JobPolicy
 from jobs_engine.registry import Handler, register_target, unregister_target
 from jobs_engine.states import DeliveryMode, Lane
 from jobs_engine.tenancy import tenant_id_problem
-from schedules.cron import CronSpec, parse_cron
-from schedules.errors import DuplicateSchedule, InvalidSchedule
 
 
 class MissedSlotPolicy(models.TextChoices):
@@ -80,7 +80,7 @@ def default_policy(spec: CronSpec) -> MissedSlotPolicy:
             else MissedSlotPolicy.RUN_ONCE)
 
 
-# What runs a slot's job: ``schedules.runner.run_slot``, set by the app's ``ready()``. The
+# What runs a slot's job: ``contrib.schedules.runner.run_slot``, set by the app's ``ready()``. The
 # runner reads the schedules table, which does not exist yet when ``declare()`` is called
 # (from an app's ``ready()``); handing it over here keeps this module below the runner.
 SlotRunner = Callable[[str, Job], Any]
@@ -102,8 +102,8 @@ def slot_policy(max_attempts: int) -> JobPolicy:
 def _slot_job_handler(code: str) -> Handler:
     def handle(job: Job) -> Any:
         if _slot_runner is None:
-            raise RuntimeError("the schedules app is not ready: add 'schedules' to "
-                               "INSTALLED_APPS")
+            raise RuntimeError("the schedules app is not ready: add "
+                               "'jobs_engine.contrib.schedules' to INSTALLED_APPS")
         return _slot_runner(code, job)
 
     handle.__name__ = handle.__qualname__ = f"schedule_slot[{code}]"
@@ -121,7 +121,7 @@ def declare(code: str, cron: str, handler: SlotHandler, *, timezone: str = "UTC"
     code runs at a time across every worker, and a worker that died mid-run has its slot
     run again, so the handler must be idempotent per slot.
 
-    ``cron``: see ``schedules.cron`` for the accepted syntax (5 fields, or 6 with seconds
+    ``cron``: see ``contrib.schedules.cron`` for the accepted syntax (5 fields, or 6 with seconds
     first) read in ``timezone`` (an IANA name). ``missed_slot_policy``: ``run_once`` or
     ``skip``; by default ``skip`` when slots come every 5 minutes or more often, else
     ``run_once``. ``max_attempts``: the **total number of runs** of one slot (3 = the first

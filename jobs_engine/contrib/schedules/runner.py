@@ -21,20 +21,24 @@ from typing import Any
 
 from jobs_engine import store
 from jobs_engine.conf import jobs_settings
-from jobs_engine.errors import DeadNow
-from jobs_engine.job import Job
-from jobs_engine.models import Job as JobTable
-from jobs_engine.states import JobStatus
-from schedules.cron import load_zone
-from schedules.declarations import (
+from jobs_engine.contrib.schedules.cron import load_zone
+from jobs_engine.contrib.schedules.declarations import (
     Declaration,
     MissedSlotPolicy,
     get_declaration,
     slot_iso,
     target_name,
 )
-from schedules.history import record_run_finished, record_run_started, record_skip
-from schedules.models import Schedule
+from jobs_engine.contrib.schedules.history import (
+    record_run_finished,
+    record_run_started,
+    record_skip,
+)
+from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.errors import DeadNow
+from jobs_engine.job import Job
+from jobs_engine.models import Job as JobTable
+from jobs_engine.states import JobStatus
 
 logger = logging.getLogger("jobs_engine.schedules")
 

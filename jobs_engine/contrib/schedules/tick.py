@@ -26,18 +26,18 @@ from django.db.models import Min
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
-from jobs_engine.enqueueing import enqueue
-from jobs_engine.tenancy import PLATFORM
-from schedules.declarations import (
+from jobs_engine.contrib.schedules.declarations import (
     MissedSlotPolicy,
     declared,
     slot_dedupe_key,
     slot_iso,
     target_name,
 )
-from schedules.history import skip_updates
-from schedules.models import Schedule
-from schedules.sync import row_spec, sync_declared
+from jobs_engine.contrib.schedules.history import skip_updates
+from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.contrib.schedules.sync import row_spec, sync_declared
+from jobs_engine.enqueueing import enqueue
+from jobs_engine.tenancy import PLATFORM
 
 if TYPE_CHECKING:
     from jobs_engine.lanes.worker import WorkerProcess
@@ -150,5 +150,5 @@ class TickService:
 
 
 def worker_service(worker: WorkerProcess) -> Callable[[], float]:
-    """The factory ``schedules`` registers with ``jobs_engine.lanes.worker.register_service``."""
+    """The factory this app registers with ``jobs_engine.lanes.worker.register_service``."""
     return TickService(worker.settings)

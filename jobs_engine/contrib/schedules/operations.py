@@ -16,21 +16,21 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from jobs_engine import store
-from jobs_engine.enqueueing import EnqueueResult, enqueue
-from jobs_engine.errors import InvalidStatus
-from jobs_engine.operators.actions import act
-from jobs_engine.tenancy import PLATFORM, Scope, scoped
-from schedules.cron import cron_spec, load_zone, parse_cron
-from schedules.declarations import (
+from jobs_engine.contrib.schedules.cron import cron_spec, load_zone, parse_cron
+from jobs_engine.contrib.schedules.declarations import (
     CODE,
     MAX_CODE_LENGTH,
     get_declaration,
     slot_iso,
     target_name,
 )
-from schedules.errors import InvalidCron, ScheduleNotFound
-from schedules.models import Schedule
-from schedules.sync import row_spec
+from jobs_engine.contrib.schedules.errors import InvalidCron, ScheduleNotFound
+from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.contrib.schedules.sync import row_spec
+from jobs_engine.enqueueing import EnqueueResult, enqueue
+from jobs_engine.errors import InvalidStatus
+from jobs_engine.operators.actions import act
+from jobs_engine.tenancy import PLATFORM, Scope, scoped
 
 SCHEDULE = "schedule"
 ENABLE, DISABLE, OVERRIDE, CLEAR_OVERRIDE, RUN_NOW = (

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Case, DateTimeField, F, Q, TextField, Value, When
 
-from schedules.models import Schedule
+from jobs_engine.contrib.schedules.models import Schedule
 
 MAX_REASON_LENGTH = 500
 

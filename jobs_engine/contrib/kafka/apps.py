@@ -12,21 +12,22 @@ from django.apps import AppConfig
 
 from jobs_engine.conf import register_section
 
-logger = logging.getLogger("kafka_target")
+logger = logging.getLogger("jobs_engine.kafka")
 
 # The Kafka settings are this app's section of ``JOBS``; the engine passes over it.
 register_section("KAFKA")
 
 
 class KafkaTargetConfig(AppConfig):
-    name = "kafka_target"
+    name = "jobs_engine.contrib.kafka"
+    label = "jobs_engine_kafka"  # not "kafka": a host project's own app may take that one
     verbose_name = "Kafka target"
 
     def ready(self) -> None:
+        from jobs_engine.contrib.kafka import checks  # noqa: F401  registers the system check
+        from jobs_engine.contrib.kafka.settings import configured
+        from jobs_engine.contrib.kafka.target import register_topics
         from jobs_engine.errors import InvalidSettings
-        from kafka_target import checks  # noqa: F401  registers the system check
-        from kafka_target.settings import configured
-        from kafka_target.target import register_topics
 
         try:
             kafka = configured()

@@ -17,10 +17,10 @@ from datetime import datetime
 from django.db import transaction
 
 from jobs_engine import store
-from schedules.cron import CronSpec, cron_spec
-from schedules.declarations import Declaration, declared
-from schedules.errors import InvalidCron
-from schedules.models import Schedule
+from jobs_engine.contrib.schedules.cron import CronSpec, cron_spec
+from jobs_engine.contrib.schedules.declarations import Declaration, declared
+from jobs_engine.contrib.schedules.errors import InvalidCron
+from jobs_engine.contrib.schedules.models import Schedule
 
 logger = logging.getLogger("jobs_engine.schedules")
 

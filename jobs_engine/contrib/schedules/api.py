@@ -2,13 +2,13 @@
 
 ``SchedulesConfig.ready()`` attaches ``router`` to ``jobs_engine.operators.api.api``, so the engine
 imports nothing of this app. Auth, CSRF, permission checks and the error shape are the
-API's own (see ``jobs_engine.operators.api``); every action goes through ``schedules.operations``,
-which writes the audit record. Errors: 404 ``not_found`` for an unknown or malformed code,
-400 ``invalid_cron`` for a bad override (nothing changed), 400 ``validation_error`` for a
-query parameter, a body field no route uses or a body sent to a route that takes none,
-409 ``invalid_status`` for run now of a row no code declares. Every route is bound to the
-caller's tenant: another tenant's schedule is not listed and answers 404, as an unknown
-code.
+API's own (see ``jobs_engine.operators.api``); every action goes through this app's
+``operations``, which writes the audit record. Errors: 404 ``not_found`` for an unknown or
+malformed code, 400 ``invalid_cron`` for a bad override (nothing changed), 400
+``validation_error`` for a query parameter, a body field no route uses or a body sent to a
+route that takes none, 409 ``invalid_status`` for run now of a row no code declares. Every
+route is bound to the caller's tenant: another tenant's schedule is not listed and answers
+404, as an unknown code.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from typing import Annotated, Any
 from django.http import HttpRequest
 from ninja import Field, Path, Router, Schema
 
+from jobs_engine.contrib.schedules import operations
+from jobs_engine.contrib.schedules.declarations import MAX_CODE_LENGTH
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.operators.api import BodyIn, errors
 from jobs_engine.tenancy import tenant_of
-from schedules import operations
-from schedules.declarations import MAX_CODE_LENGTH
-from schedules.models import Schedule
 
 
 class ScheduleOut(Schema):

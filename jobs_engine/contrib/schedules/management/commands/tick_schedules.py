@@ -13,7 +13,7 @@ class Command(BaseCommand):
             "due) until SIGTERM/SIGINT. Under JOBS_WORKERS=off it only syncs.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from schedules.sync import sync_declared
+        from jobs_engine.contrib.schedules.sync import sync_declared
 
         try:  # before the sync, which would fail with a traceback
             check_database()

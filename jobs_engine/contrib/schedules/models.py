@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import models
 from django.db.models import Q
 
-from schedules.declarations import MissedSlotPolicy
+from jobs_engine.contrib.schedules.declarations import MissedSlotPolicy
 
 
 class Schedule(models.Model):
@@ -42,7 +42,7 @@ class Schedule(models.Model):
         indexes = [
             # The tick: enabled schedules whose next slot is due.
             models.Index(fields=["next_run_at"], condition=Q(enabled=True),
-                         name="schedules_due"),
+                         name="jobs_engine_schedules_due"),
         ]
 
     def __str__(self) -> str:

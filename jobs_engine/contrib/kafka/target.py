@@ -40,14 +40,24 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from jobs_engine.contrib.kafka.producer import (
+    KafkaProducer,
+    OutMessage,
+    ProducerUnavailable,
+    get_producer,
+)
+from jobs_engine.contrib.kafka.settings import (
+    QUEUE_WAIT_S,
+    SEND_DEADLINE_S,
+    KafkaSettings,
+    TopicSpec,
+)
 from jobs_engine.errors import DeadNow, JobsEngineError, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.registry import Target, register_target, unregister_target
 from jobs_engine.states import Lane
-from kafka_target.producer import KafkaProducer, OutMessage, ProducerUnavailable, get_producer
-from kafka_target.settings import QUEUE_WAIT_S, SEND_DEADLINE_S, KafkaSettings, TopicSpec
 
-logger = logging.getLogger("kafka_target")
+logger = logging.getLogger("jobs_engine.kafka")
 
 DISABLED_REASON = "kafka disabled by settings"
 

@@ -14,7 +14,7 @@ report (success, a broker error, or ``_MSG_TIMED_OUT`` at ``message.timeout.ms``
 still open at the send deadline is purged from flight too (``_PURGE_INFLIGHT``: unknown).
 
 Between sends a daemon thread polls the client once a second, so librdkafka's log and
-error events (routed to the ``kafka_target.librdkafka`` logger) never pile up. A broker that
+error events (routed to the ``jobs_engine.kafka.librdkafka`` logger) never pile up. A broker that
 is down is expected (its targets pause, their rows wait; the send's outcome carries the
 reason), so the client's lines saying a broker is unreachable (connection refused, connect
 timeout, name not resolved, disconnected; librdkafka logs them at every reconnect, about once
@@ -34,11 +34,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from kafka_target.settings import QUEUE_WAIT_S, SEND_DEADLINE_S
+from jobs_engine.contrib.kafka.settings import QUEUE_WAIT_S, SEND_DEADLINE_S
 
-logger = logging.getLogger("kafka_target")
+logger = logging.getLogger("jobs_engine.kafka")
 # librdkafka's own log lines, routed through Python logging instead of raw stderr.
-client_logger = logging.getLogger("kafka_target.librdkafka")
+client_logger = logging.getLogger("jobs_engine.kafka.librdkafka")
 
 REPEAT_LOG_S = 30.0  # about one probe period (PROBE_S) of a paused target
 # The parts of a librdkafka line that change between repeats of the same event.
@@ -173,7 +173,7 @@ class KafkaProducer:
         if err.fatal():  # cannot happen without idempotence; start afresh if it does
             self._replace = True
             logger.error("kafka producer fatal error, replacing the producer: %s", text)
-        else:  # librdkafka logs the same failure itself (kafka_target.librdkafka)
+        else:  # librdkafka logs the same failure itself (jobs_engine.kafka.librdkafka)
             logger.debug("kafka client error: %s", text)
 
     def close(self, timeout: float = 5.0) -> None:

@@ -3,7 +3,7 @@ the schedule's zone), last run and last skip with its reason; actions enable, di
 set override (an intermediate form that validates the cron in each schedule's zone), clear
 override and run now.
 
-Rows are never edited here: every action calls ``schedules.operations``, which writes the
+Rows are never edited here: every action calls ``contrib.schedules.operations``, which writes the
 audit record. Users with ``jobs_engine.manage_jobs`` see and act, as on the jobs pages, on
 their tenant's schedules (``tenancy``).
 """
@@ -22,12 +22,12 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils.html import format_html
 
+from jobs_engine.contrib.schedules import operations
+from jobs_engine.contrib.schedules.models import Schedule
 from jobs_engine.errors import OperationRefused
 from jobs_engine.operators.actions import audit
 from jobs_engine.operators.admin_base import BULK_LIMIT, ManagedAdmin, run_bulk
 from jobs_engine.tenancy import tenant_of
-from schedules import operations
-from schedules.models import Schedule
 
 
 def _when(moment: datetime | None, zone: str) -> str:
@@ -183,4 +183,5 @@ class ScheduleAdmin(ManagedAdmin):
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "media": self.media,
         }
-        return TemplateResponse(request, "admin/schedules/schedule/set_override.html", context)
+        return TemplateResponse(
+            request, "admin/jobs_engine_schedules/schedule/set_override.html", context)

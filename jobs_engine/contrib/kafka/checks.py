@@ -11,13 +11,13 @@ from django.core import checks
 
 from jobs_engine.errors import InvalidSettings
 
-_quiet = logging.getLogger("kafka_target.check")
+_quiet = logging.getLogger("jobs_engine.kafka.check")
 _quiet.addHandler(logging.NullHandler())
 _quiet.propagate = False
 
 
-MISSING_EXTRA = ("kafka_target is in INSTALLED_APPS but confluent-kafka is not installed: "
-                 "pip install 'jobs-engine[kafka]'")
+MISSING_EXTRA = ("jobs_engine.contrib.kafka is in INSTALLED_APPS but confluent-kafka is not "
+                 "installed: pip install 'jobs-engine[kafka]'")
 
 
 def kafka_settings_problem() -> str | None:
@@ -25,7 +25,7 @@ def kafka_settings_problem() -> str | None:
     if find_spec("confluent_kafka") is None:
         return MISSING_EXTRA
 
-    from kafka_target.settings import configured
+    from jobs_engine.contrib.kafka.settings import configured
 
     try:
         kafka = configured()
@@ -44,9 +44,9 @@ def kafka_settings_problem() -> str | None:
     return None
 
 
-@checks.register("kafka_target")
+@checks.register("jobs_engine_kafka")
 def check_kafka_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     problem = kafka_settings_problem()
     if problem is None:
         return []
-    return [checks.Error(problem, id="kafka_target.E001", obj="JOBS['KAFKA']")]
+    return [checks.Error(problem, id="jobs_engine_kafka.E001", obj="JOBS['KAFKA']")]

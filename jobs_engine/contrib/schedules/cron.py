@@ -44,7 +44,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import CroniterBadDateError, CroniterError, croniter
 
-from schedules.errors import InvalidCron
+from jobs_engine.contrib.schedules.errors import InvalidCron
 
 HORIZON_YEARS = 5
 MAX_CRON_LENGTH = 200

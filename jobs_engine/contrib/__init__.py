@@ -1,0 +1,1 @@
+"""Optional apps, inside the engine's package so they take no top-level name from a host."""
