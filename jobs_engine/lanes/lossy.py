@@ -38,7 +38,7 @@ def hand_off(target: Target, new: NewJob, settings: JobsSettings) -> None:
 
 def _run(target: Target, job: Job) -> None:
     started = time.monotonic()
-    error = call_handler(target, job)
+    error = call_handler(target, job).error
     if error is not None:
         logger.warning("lossy job dropped target=%s dedupe_key=%s error=%r", target.name,
                        job.dedupe_key, error)

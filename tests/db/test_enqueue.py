@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -158,6 +159,29 @@ def test_lossy_send_failure_is_dropped_after_one_try(targets: Targets) -> None:
     drain_lossy_pool()
     assert len(tries) == 1
     assert count_jobs() == 0
+
+
+@TRANSACTIONAL
+def test_a_lossy_send_writes_its_run_line_and_a_failed_one_its_drop_line(
+        targets: Targets, caplog: pytest.LogCaptureFixture) -> None:
+    """The hand-off's log: a send that returned writes the run line every run writes
+    (``result=ok lossy=1``), one that raised the drop line naming its error."""
+
+    def failing(job: HandlerJob) -> None:
+        raise RuntimeError("down")
+
+    targets("t:lossy-ok", lambda job: None, lossy=True)
+    targets("t:lossy-down", failing, lossy=True)
+    with caplog.at_level(logging.INFO, logger="jobs_engine"):
+        enqueue("t:lossy-ok", {"n": 1}, dedupe_key="lossy-line:ok")
+        enqueue("t:lossy-down", {"n": 2}, dedupe_key="lossy-line:down")
+        drain_lossy_pool()
+    lines = [r.getMessage() for r in caplog.records]
+    ran = [line for line in lines if "lossy-line:ok" in line]
+    dropped = [line for line in lines if "lossy-line:down" in line]
+    assert len(ran) == 1 and ran[0].startswith("job run ") and "result=ok lossy=1" in ran[0]
+    assert len(dropped) == 1 and dropped[0].startswith("lossy job dropped ")
+    assert "RuntimeError('down')" in dropped[0]
 
 
 @TRANSACTIONAL
