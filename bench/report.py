@@ -236,6 +236,8 @@ def shape_rows(o: Options) -> list[Row]:
         who = f"{procs} process{'es' if procs > 1 else ''}"
         rows += [Row(f"shapes:web:{kind}:{procs}", f"Shapes, web tier: {who}, {web}, {label}",
                      "jobs/s") for kind, label in kinds.items()]
+        rows += [Row(f"shapes:web:{kind}:{procs}:cpu", f"  the machine's CPUs busy, {who}, "
+                     f"{label}", "%") for kind, label in kinds.items()]
         rows += [
             Row(f"shapes:web:ratio_notify:{procs}", f"  ratio engine / raw INSERT+NOTIFY "
                 f"(one transaction), {who}", "x"),

@@ -54,11 +54,13 @@ from django.db import DatabaseError, connection, connections, transaction
 
 from bench import targets
 from bench.harness import (
+    DrainWatch,
     Metrics,
     Options,
     Workers,
     analyze,
     clock_drain,
+    cpu_times,
     dead_count,
     drain,
     drained,
@@ -491,10 +493,11 @@ def wakeups_asked() -> int:
     return sql("SELECT COALESCE(pg_sequence_last_value('jobs_engine_waits_fast'), 0)")[0][0]
 
 
-def web_run(o: Options, kind: str, procs: int, per_proc: int) -> tuple[float, int]:
+def web_run(o: Options, kind: str, procs: int, per_proc: int) -> tuple[float, int, float]:
     """``procs`` processes of ``kind`` released together; jobs per second of wall time from
-    the barrier to the last one joined, and how often a worker asked to be woken meanwhile.
-    The rows written are checked."""
+    the barrier to the last one joined, how often a worker asked to be woken meanwhile, and
+    the share of the machine's CPUs busy meanwhile (a tier bound by the CPU a job costs,
+    not by a lock, keeps them all busy). The rows written are checked."""
     reset()
     sql(f"TRUNCATE {RAW_TABLE}")
     with contextlib.suppress(DatabaseError):
@@ -506,7 +509,8 @@ def web_run(o: Options, kind: str, procs: int, per_proc: int) -> tuple[float, in
                                                           f"shapes-web-worker-{procs}")))
             wait_for("every partition held", lambda: partitions_balanced(1), workers, 60)
         asked = wakeups_asked()
-        rate = _web_rate(kind, procs, per_proc)
+        watch = DrainWatch()
+        rate = _web_rate(kind, procs, per_proc, watch)
         asked = wakeups_asked() - asked
         if kind == "engine_worker":
             wait_for("the rows handled", drained, workers, 120)
@@ -517,10 +521,10 @@ def web_run(o: Options, kind: str, procs: int, per_proc: int) -> tuple[float, in
     if stored != procs * (per_proc + 1):
         raise RuntimeError(f"web tier {kind} x{procs}: {stored} rows, expected "
                            f"{procs * (per_proc + 1)}")
-    return rate, asked
+    return rate, asked, watch.busy_percent()
 
 
-def _web_rate(kind: str, procs: int, per_proc: int) -> float:
+def _web_rate(kind: str, procs: int, per_proc: int, watch: DrainWatch) -> float:
     params = raw_params()
     connections.close_all()  # a forked process must not share this one's connection
     ctx = multiprocessing.get_context("fork")
@@ -532,9 +536,11 @@ def _web_rate(kind: str, procs: int, per_proc: int) -> float:
     try:
         barrier.wait(WEB_BARRIER_S)
         started = time.perf_counter()
+        watch.last = watch.first = cpu_times()
         for child in children:
             child.join(600)
         elapsed = time.perf_counter() - started
+        watch.last = cpu_times()
     except threading.BrokenBarrierError as exc:
         raise RuntimeError(f"web tier {kind} x{procs}: a process failed before the start "
                            "(its traceback is above)") from exc
@@ -558,8 +564,9 @@ def shape_web(o: Options, r: int) -> Metrics:
         for procs in o.shapes_web_procs:
             per_proc = o.shapes_web_n // procs
             for kind in turned(WEB_KINDS, r):
-                rate, asked = web_run(o, kind, procs, per_proc)
+                rate, asked, busy = web_run(o, kind, procs, per_proc)
                 out[f"shapes:web:{kind}:{procs}"] = rate
+                out[f"shapes:web:{kind}:{procs}:cpu"] = busy
                 if kind == "engine_worker":
                     out[f"shapes:web:asked:{procs}"] = asked
             engine = out[f"shapes:web:engine:{procs}"]
