@@ -187,9 +187,12 @@ def _plan(name: str, groups: list[tuple[str, StepRole, list[Step]]], default_tar
 def _check_target(where: str, target: Any) -> None:
     _check_name(where, target)
     try:
-        registry.get_target(target)
+        found = registry.get_target(target)
     except LookupError:
         raise InvalidFlow(where, f"no target named {target!r} is registered") from None
+    if found.lossy:  # no row, no outcome: the flow would wait for the step forever
+        raise InvalidFlow(where, f"{target!r} is a lossy target: its jobs are not stored, "
+                                 "so no outcome would advance the flow")
 
 
 # -- the write -------------------------------------------------------------------------------
