@@ -88,7 +88,8 @@ class Outages:
 
     def succeeded(self) -> None:
         """A statement went through: an ongoing outage is over."""
-        if self._since is None:  # the hot path: no lock
+        since = self._since  # read once, unlocked: checked again under the lock
+        if since is None:  # the hot path: no lock
             return
         with self._lock:
             if self._since is None:
