@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,14 +170,15 @@ def _parse_env(name: str, raw: str, default: Any) -> Any:
     raise InvalidSettings(f"JOBS_{name} cannot be set from the environment")
 
 
-def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, str] | None = None
+def load_settings(overrides: dict[str, Any] | None = None,
+                  environ: Mapping[str, str] | None = None
                   ) -> JobsSettings:
     """Build the settings from ``settings.JOBS`` (or ``overrides``) and the environment."""
     raw = getattr(django_settings, "JOBS", {}) if overrides is None else overrides
     if not isinstance(raw, dict):
         raise InvalidSettings(f"JOBS must be a dict of settings, got {type(raw).__name__}")
     given = dict(raw)
-    environ = os.environ if environ is None else environ
+    env: Mapping[str, str] = os.environ if environ is None else environ
     defaults = JobsSettings()
     known = {f.name for f in dataclasses.fields(JobsSettings)}
     unknown = sorted(set(given) - known - _SECTIONS - set(RETIRED))
@@ -185,7 +187,7 @@ def load_settings(overrides: dict[str, Any] | None = None, environ: dict[str, st
                               "app that reads a section of JOBS must be in INSTALLED_APPS)")
     given = {name: value for name, value in given.items() if name in known}
     for name in known:
-        raw = environ.get(f"JOBS_{name}")
+        raw = env.get(f"JOBS_{name}")
         if raw is not None:
             given[name] = _parse_env(name, raw, getattr(defaults, name))
     for name in _NUMBER_LISTS & set(given):

@@ -12,6 +12,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import DatabaseError, transaction
@@ -106,7 +107,7 @@ def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None
     if not item.keys() <= _ARGUMENTS:
         raise InvalidJob(sorted(item.keys() - _ARGUMENTS)[0], "is not an enqueue argument")
     get = item.get
-    name = get("target")
+    name: Any = get("target")  # any value: get_target refuses one that names no target
     if name is None and "target" not in item:
         raise InvalidJob("target", "is required")
     target = get_target(name)
@@ -297,8 +298,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     first_claim: set[str] = set()
     for target, row in built:
         if target.lossy:
-            transaction.on_commit(lambda t=target, r=row: lossy.hand_off(t, r, settings),
-                                  using=using)
+            transaction.on_commit(partial(lossy.hand_off, target, row, settings), using=using)
             results.append(EnqueueResult(inserted=False, job_id=None, lossy=True))
             continue
         if row.dedupe_key in inserted and row.dedupe_key not in first_claim:

@@ -187,9 +187,12 @@ def _plan(name: str, groups: list[tuple[str, StepRole, list[Step]]], default_tar
 def _check_target(where: str, target: Any) -> None:
     _check_name(where, target)
     try:
-        registry.get_target(target)
+        found = registry.get_target(target)
     except LookupError:
         raise InvalidFlow(where, f"no target named {target!r} is registered") from None
+    if found.lossy:  # no row, no outcome: the flow would wait for the step forever
+        raise InvalidFlow(where, f"{target!r} is a lossy target: its jobs are not stored, "
+                                 "so no outcome would advance the flow")
 
 
 # -- the write -------------------------------------------------------------------------------
@@ -218,9 +221,12 @@ def queue(steps: Sequence[FlowStep], tenant_id: str | None, using: str | None) -
     results = enqueue_many([{"target": step.target, "payload": step.data, "code": step.name,
                              "dedupe_key": f"{STEP_DEDUPE_PREFIX}{step.id}:{step.attempts}",
                              "tenant_id": tenant} for step in steps], using=using)
+    step_jobs: list[tuple[int, int]] = []
     for step, result in zip(steps, results, strict=True):
+        assert result.job_id is not None, "a step's target is not lossy (_check_target)"
         step.job_id, step.state = result.job_id, StepState.QUEUED
-    store.flow_steps_queued([(step.id, step.job_id) for step in steps], using)  # type: ignore[misc]
+        step_jobs.append((step.id, result.job_id))
+    store.flow_steps_queued(step_jobs, using)
 
 
 # -- running a step, and what its outcome does to the flow -----------------------------------
@@ -277,7 +283,8 @@ def advance(done: Sequence[tuple[int, int, str | None]],
     steps = FlowStep.objects.select_for_update().filter(
         job_id__in=list(by_job), state=StepState.QUEUED).order_by("flow_id", "position")
     for step in steps:
-        tries, payload = by_job[step.job_id]  # type: ignore[index]
+        assert step.job_id is not None, "found by job_id__in"
+        tries, payload = by_job[step.job_id]
         flow = locked[step.flow_id]
         step.attempts += tries
         step.finished_at = now

@@ -46,9 +46,11 @@ def get_job(job_id: int) -> JobInfo | None:
         return None
     (job_id, target, code, key, status, attempts, result, last_error, created_at, started_at,
      finished_at, payload, running_on, tries, tenant_id) = row
+    created = read_dt(created_at)
+    assert created is not None, "created_at is NOT NULL"
     return JobInfo(id=job_id, target=target, code=code, key=key, status=JobStatus(status),
                    attempts=attempts, result=read_json(result), last_error=last_error,
-                   created_at=read_dt(created_at),  # type: ignore[arg-type]
+                   created_at=created,
                    started_at=read_dt(started_at), finished_at=read_dt(finished_at),
                    payload=read_json(payload),
                    running_on=running_on if status == JobStatus.RUNNING else None,

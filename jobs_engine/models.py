@@ -27,7 +27,7 @@ TENANT_HELP = "The tenant it belongs to; empty: the platform's own (tenancy)."
 HAS_TENANT = Q(tenant_id__isnull=False)
 
 
-def tenant_field() -> models.CharField:
+def tenant_field() -> models.CharField[str | None, str | None]:
     return models.CharField(max_length=200, null=True, blank=True, help_text=TENANT_HELP)
 
 

@@ -42,7 +42,7 @@ class JobPolicy:
 
     def delay_s(self, tries: int) -> float:
         """The wait after try number ``tries`` failed: ``backoff_s``, doubled each time."""
-        return float(self.backoff_s) * 2 ** (tries - 1)
+        return float(self.backoff_s) * 2.0 ** (tries - 1)
 
     def __str__(self) -> str:
         """What an operator reads on the admin pages: the tries, the waits between them,

@@ -80,9 +80,12 @@ def _encode(value: Any) -> str:
     raised leaves its ids behind, so that encoder is dropped."""
     encoder: Callable[[Any, int], tuple[str, ...]] | None = getattr(_encoders, "encoder", None)
     if encoder is None:
-        if json.encoder.c_make_encoder is None:  # an interpreter without the C module
+        # None in an interpreter without the C module (typeshed does not declare it).
+        make_encoder: Callable[..., Callable[[Any, int], tuple[str, ...]]] | None = getattr(
+            json.encoder, "c_make_encoder", None)
+        if make_encoder is None:
             return _ENCODER.encode(value)
-        encoder = _encoders.encoder = json.encoder.c_make_encoder(
+        encoder = _encoders.encoder = make_encoder(
             {}, _ENCODER.default, json.encoder.encode_basestring, None,
             _ENCODER.key_separator, _ENCODER.item_separator, False, False, False)
     try:

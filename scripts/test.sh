@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the
-# portability check, tests on PostgreSQL (unit, db, real processes, Kafka, browser,
+# The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the type check,
+# the portability check, tests on PostgreSQL (unit, db, real processes, Kafka, browser,
 # the host-project install), then the unit/db tests again on SQLite with the newest
 # Django and with Django 5.2 LTS, then docker/ (scripts/docker-test.sh).
 #
@@ -56,6 +56,7 @@ step() {  # step NAME CMD...: run, record the exit code, never abort
 }
 
 step "ruff" "$PY" -m ruff check .
+step "mypy" "$PY" -m mypy  # jobs_engine, strict, with the django-stubs plugin ([tool.mypy])
 step "portable" bash "$ROOT/scripts/check-portable.sh"
 
 if [[ -n "$PG_URL" ]]; then

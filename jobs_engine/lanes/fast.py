@@ -383,7 +383,7 @@ class FastLane:
                 break
             marked = store.inflight_mark_if_leased(
                 self.worker_id, clock(), token,
-                [(job.partition, job.id, job.attempts) for job in send],  # type: ignore[misc]
+                [(job.partition, job.id, job.attempts) for job in send],  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
                 flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE and all(
                     job.delivery_mode == _AT_LEAST_ONCE for job in send))
             handed += [job for job in send if job.partition in marked]
@@ -391,7 +391,7 @@ class FastLane:
             if not refused:
                 break
             pending = store.jobs_still_pending(
-                [(job.id, job.attempts) for job in refused])  # type: ignore[misc]
+                [(job.id, job.attempts) for job in refused])  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
             closed_in = {job.partition for job in refused if job.id not in pending}
             for partition in {job.partition for job in refused} - closed_in:
                 logger.warning("partition lease lost before send partition=%s worker=%s",

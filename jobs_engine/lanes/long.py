@@ -250,8 +250,9 @@ class LongLane:
                                      token, now, started_at)
         ready += probed
         for job, earlier in ready:
+            assert job.id is not None, "reserved: a stored row"
             with self._lock:
-                self._in_hand[job.id] = token  # type: ignore[index]
+                self._in_hand[job.id] = token
                 self._running += 1
                 if job.delivery_mode == _AT_MOST_ONCE:
                     self._running_at_most_once += 1
@@ -298,12 +299,13 @@ class LongLane:
         probe_rows, give_back, probes = self.pauses.probe_rows(
             unstarted, {job.target for job in unstarted}, now)
         for job in give_back:
+            assert job.id is not None, "reserved: a stored row"
             store.job_release_unchanged(store.Guard(Lane.LONG, token), job.id, job.attempts,
                                         None, now)
         started: list[tuple[Job, list[dict[str, Any]]]] = []
         if probe_rows:
             earlier = store.jobs_long_mark_started(
-                [job.id for job in probe_rows], token, started_at)  # type: ignore[misc]
+                [job.id for job in probe_rows], token, started_at)  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
             for job in probe_rows:
                 if job.id in earlier:
                     started.append((job, earlier[job.id]))
@@ -439,8 +441,9 @@ class LongLane:
         target)."""
         if probe and result is not None and not result.outcome.pause_target:
             self.pauses.probe_answered(job.target)
+        assert job.id is not None, "reserved: a stored row"
         with self._lock:
-            self._in_hand.pop(job.id, None)  # type: ignore[arg-type]
+            self._in_hand.pop(job.id, None)
         self.on_row_done()
 
     def _record(self, token: str, results: list[RunResult], clock: Callable[[], datetime]

@@ -10,6 +10,7 @@ shared memory; ``is_database_fault`` tells an outage from a bug.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +24,8 @@ logger = logging.getLogger("jobs_engine")
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 5.0
+# Past these doublings BACKOFF_FIRST_S is past BACKOFF_MAX_S.
+_BACKOFF_DOUBLINGS = math.ceil(math.log2(BACKOFF_MAX_S / BACKOFF_FIRST_S))
 
 
 def is_database_fault(exc: BaseException) -> bool:
@@ -38,8 +41,11 @@ def is_database_fault(exc: BaseException) -> bool:
 
 
 def backoff_s(failures: int) -> float:
-    """Seconds to wait after ``failures`` failures in a row: 0.5, 1, 2, 4, then 5."""
-    return min(BACKOFF_FIRST_S * 2 ** max(failures - 1, 0), BACKOFF_MAX_S)
+    """Seconds to wait after ``failures`` failures in a row: 0.5, 1, 2, 4, then 5. The
+    exponent is bounded: the long lane's outcome write counts its failures for as long as
+    an outage lasts, and 2 ** 1024 does not fit a float."""
+    return min(BACKOFF_FIRST_S * 2.0 ** min(max(failures - 1, 0), _BACKOFF_DOUBLINGS),
+               BACKOFF_MAX_S)
 
 
 class Outages:
@@ -82,7 +88,8 @@ class Outages:
 
     def succeeded(self) -> None:
         """A statement went through: an ongoing outage is over."""
-        if self._since is None:  # the hot path: no lock
+        since = self._since  # read once, unlocked: checked again under the lock
+        if since is None:  # the hot path: no lock
             return
         with self._lock:
             if self._since is None:

@@ -206,7 +206,7 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         # A send's rows share one duration (``_results``), so one start time.
         started = {ms: now - timedelta(milliseconds=ms) for ms in {r.duration_ms for r in group}}
         matched = store.jobs_done(guard, [
-            store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]
+            store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]  # stored rows: id is set (None only on a lossy job)
                        started[r.duration_ms], r.duration_ms, r.try_json)
             for r in group], now, keep=keep,
             count_as=(hour, OutcomeKind.OK.value) if one_statement else None,
@@ -218,7 +218,7 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         if matched == len(group):
             written += group
         else:
-            remaining = _existing_ids([r.job.id for r in group])  # type: ignore[misc]
+            remaining = _existing_ids([r.job.id for r in group])  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
             written += [r for r in group if r.job.id not in remaining]
     if one_statement:
         return written
@@ -244,9 +244,9 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     steps = [r for r in written if flows.is_flow_step(r.job)]
     if steps:  # in the outcome's transaction: a step's end and what follows commit together
         flows.advance(
-            [(r.job.id, r.job.attempts + 1, r.result_json) for r in steps  # type: ignore[misc]
+            [(r.job.id, r.job.attempts + 1, r.result_json) for r in steps  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
              if r.outcome.kind is OutcomeKind.OK],
-            [(r.job.id, r.job.attempts + 1, r.outcome.error) for r in steps  # type: ignore[misc]
+            [(r.job.id, r.job.attempts + 1, r.outcome.error) for r in steps  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
              if r.outcome.kind is OutcomeKind.DEAD], now)
     # Last: the hourly bucket is the row every worker's outcomes update, locked from here
     # to the commit. A failure fails the whole write, which is then written again.
@@ -270,7 +270,8 @@ def report(results: Sequence[RunResult], written: Sequence[RunResult], now: date
             log_run(job.code, job.target, job.dedupe_key, attempts, result.duration_ms,
                     result.outcome.kind.value if ok else "lost")
         if ok and result.outcome.kind is OutcomeKind.DEAD:
-            announce_dead(job.id, job.target, job.code, job.dedupe_key,  # type: ignore[arg-type]
+            assert job.id is not None, "written: a stored row"
+            announce_dead(job.id, job.target, job.code, job.dedupe_key,
                           result.outcome.error)
 
 

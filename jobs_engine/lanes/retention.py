@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 
 from django.db import transaction
 
@@ -81,13 +82,13 @@ class RetentionService:
         counts = RetentionCounts()
         deadline = self._monotonic() + self.budget_s
         for target in store.done_targets():
-            counts.completed += self._drain(
-                lambda t=target: store.done_prune_beyond(t, policy_for(t).keep_completed,
-                                                         self.batch), deadline)
+            counts.completed += self._drain(partial(
+                store.done_prune_beyond, target, policy_for(target).keep_completed,
+                self.batch), deadline)
         for target in store.dead_targets():
-            counts.failed += self._drain(
-                lambda t=target: store.dead_prune_beyond(t, policy_for(t).keep_failed,
-                                                         self.batch), deadline)
+            counts.failed += self._drain(partial(
+                store.dead_prune_beyond, target, policy_for(target).keep_failed,
+                self.batch), deadline)
         cutoff = now - timedelta(days=self.settings.DEAD_TTL_DAYS)
         counts.failed += self._drain(
             lambda: store.jobs_delete_dead_closed_before(cutoff, self.batch), deadline)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
@@ -55,6 +55,16 @@ from jobs_engine.policies import DEFAULT_POLICY, RUN_ONCE_POLICY
 from jobs_engine.states import JobStatus, Lane
 from jobs_engine.tenancy import PLATFORM, Scope, scoped, tenant_of
 
+if TYPE_CHECKING:  # names of the type checker's only (django-stubs)
+    from django.contrib.admin.filters import _ListFilterChoices
+    from django_stubs_ext import WithAnnotations
+
+    class _InFlight(TypedDict):  # PartitionAdmin's annotation
+        rows_in_flight: int
+
+    class _Held(TypedDict):  # WorkerAdmin's annotation
+        held: int
+
 # -- job list filters (none of them reads the table to build its choices) ------------------
 
 
@@ -62,6 +72,7 @@ class InputFilter(admin.SimpleListFilter):
     """A free-text filter: exact match on ``field``."""
 
     template = "admin/jobs_engine/input_filter.html"
+    parameter_name: str
     field = ""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
@@ -70,11 +81,11 @@ class InputFilter(admin.SimpleListFilter):
     def has_output(self) -> bool:
         return True
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(**{self.field: value}) if value else queryset
 
-    def choices(self, changelist: ChangeList) -> Iterator[dict[str, Any]]:
+    def choices(self, changelist: ChangeList) -> Iterator[dict[str, Any]]:  # type: ignore[override]  # input_filter.html reads its own keys, not those of Django's template
         keep = [(name, value) for name, value in changelist.params.items()
                 if name != self.parameter_name]
         yield {"query_parts": keep, "value": self.value() or "",
@@ -94,7 +105,7 @@ class KeyFilter(InputFilter):
 class ChoiceFilter(admin.SimpleListFilter):
     field = ""
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
         return queryset.filter(**{self.field: value}) if value else queryset
 
@@ -115,10 +126,10 @@ class CompletedStatusFilter(StatusFilter):
     """The status filter of the completed jobs' list: DONE, always selected (another
     status opens the jobs' list; a value that is no status lists nothing)."""
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset if self.value() in (None, JobStatus.DONE) else queryset.none()
 
-    def choices(self, changelist: ChangeList) -> Iterator[dict[str, Any]]:
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
         for value, label in self.lookup_choices:
             yield {"selected": value == JobStatus.DONE, "display": label,
                    "query_string": changelist.get_query_string({self.parameter_name: value})}
@@ -140,8 +151,9 @@ class TargetFilter(ChoiceFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = {target.name for target in registry.all_targets()}
-        if self.value():
-            names.add(self.value())
+        value = self.value()
+        if value:
+            names.add(value)
         return [(name, name) for name in sorted(names)]
 
 
@@ -156,7 +168,8 @@ def other_list(request: HttpRequest, model: str, drop: tuple[str, ...] = ()) -> 
 
 
 class JobChangeList(EngineChangeList):
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None
+                     ) -> QuerySet[Any]:
         # The list never shows the big columns: do not read them.
         return super().get_queryset(request, exclude_parameters).defer(
             "payload", "headers", "last_error", "actor", "tries")
@@ -165,15 +178,15 @@ class JobChangeList(EngineChangeList):
 # -- jobs ----------------------------------------------------------------------------------
 
 
-def _bulk_jobs(modeladmin: ManagedAdmin, request: HttpRequest, queryset: QuerySet, verb: str,
-               action: Callable[..., Any]) -> None:
+def _bulk_jobs(modeladmin: ManagedAdmin[Any], request: HttpRequest, queryset: QuerySet[Any],
+               verb: str, action: Callable[..., Any]) -> None:
     ids = list(queryset.order_by("-id").values_list("id", flat=True)[: BULK_LIMIT + 1])
     scope = tenant_of(request)
     run_bulk(modeladmin, request, ids, verb, "job",
              lambda job_id, user: action(job_id, user, scope=scope))
 
 
-class JobRowAdmin(ManagedAdmin):
+class JobRowAdmin[M: Job | CompletedJob](ManagedAdmin[M]):
     """What the pages of waiting, running and DEAD jobs and of completed ones share: exact
     search, the private texts, and the policy of the row's target."""
 
@@ -185,8 +198,8 @@ class JobRowAdmin(ManagedAdmin):
     headers_hidden = hidden("headers")
     actor_hidden = hidden("actor")
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str
-                           ) -> tuple[QuerySet, bool]:
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[M], search_term: str
+                           ) -> tuple[QuerySet[M], bool]:
         """The whole term, exact, on key or dedupe key: both index-backed."""
         term = search_term.strip()
         if not term:
@@ -271,7 +284,7 @@ SHIPPED_POLICIES = {DEFAULT_POLICY: "DEFAULT_POLICY", RUN_ONCE_POLICY: "RUN_ONCE
 
 
 @admin.register(Job)
-class JobAdmin(JobRowAdmin):
+class JobAdmin(JobRowAdmin[Job]):
     list_display = ("id", "status", "lane", "target", "code", "key", "version", "attempts",
                     "next_run_at", "closed_at")
     list_filter = (StatusFilter, LaneFilter, TargetFilter, CodeFilter, KeyFilter)
@@ -322,16 +335,16 @@ class JobAdmin(JobRowAdmin):
     # -- bulk actions ---------------------------------------------------------------------
 
     @admin.action(description="Retry selected DEAD jobs", permissions=["manage"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         _bulk_jobs(self, request, queryset, "Retried", actions.retry_job)
 
     @admin.action(description="Skip (delete) selected DEAD jobs", permissions=["manage"])
-    def skip_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def skip_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         _bulk_jobs(self, request, queryset, "Skipped", actions.skip_job)
 
     @admin.action(description="Cancel selected jobs that have not run",
                   permissions=["manage"])
-    def cancel_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def cancel_selected(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         _bulk_jobs(self, request, queryset, "Cancelled", actions.cancel_job)
 
     # -- single-row buttons on the change page -------------------------------------------
@@ -348,8 +361,9 @@ class JobAdmin(JobRowAdmin):
     def act_on_one(self, request: HttpRequest, object_id: str, action: str) -> HttpResponse:
         if not can_manage(request):
             raise PermissionDenied
-        operation = {"retry": actions.retry_job, "skip": actions.skip_job,
-                     "cancel": actions.cancel_job}[action]
+        operations: dict[str, Callable[..., object]] = {
+            "retry": actions.retry_job, "skip": actions.skip_job, "cancel": actions.cancel_job}
+        operation = operations[action]
         change_url = reverse("admin:jobs_engine_job_change", args=[object_id])
         try:
             operation(object_id, request.user, scope=tenant_of(request))
@@ -376,7 +390,7 @@ class JobAdmin(JobRowAdmin):
 
 
 @admin.register(CompletedJob)
-class CompletedJobAdmin(JobRowAdmin):
+class CompletedJobAdmin(JobRowAdmin[CompletedJob]):
     """DONE jobs of targets whose policy keeps them (``keep_completed``), newest first."""
 
     list_display = ("id", "status", "lane", "target", "code", "key", "version", "attempts",
@@ -422,7 +436,8 @@ class CompletedJobAdmin(JobRowAdmin):
 
 
 class CompletedJobChangeList(EngineChangeList):
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None
+                     ) -> QuerySet[Any]:
         # The list never shows the big columns: do not read them.
         return super().get_queryset(request, exclude_parameters).defer(
             "payload", "headers", "result", "actor", "tries")
@@ -449,7 +464,7 @@ def target_rows(scope: Scope = PLATFORM) -> list[dict[str, Any]]:
 
 
 @admin.register(RegisteredTarget)
-class RegisteredTargetAdmin(ManagedAdmin):
+class RegisteredTargetAdmin(ManagedAdmin[RegisteredTarget]):
     """The targets this process registers and their policies: read from the registry,
     not from a table, so the page shows what the code declares (the jobs kept: the
     user's tenant's)."""
@@ -476,7 +491,7 @@ class RegisteredTargetAdmin(ManagedAdmin):
 
 
 @admin.register(Partition)
-class PartitionAdmin(ManagedAdmin):
+class PartitionAdmin(ManagedAdmin[Partition]):
     platform_only = True
     tenant_field = None
     list_display = ("partition", "owner", "owner_live", "lease_renewed", "lease_until",
@@ -496,32 +511,32 @@ class PartitionAdmin(ManagedAdmin):
     def owner_live(self, obj: Partition) -> bool:
         return bool(obj.owner and obj.lease_until and obj.lease_until > timezone.now())
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Partition]:
         return super().get_queryset(request).annotate(
             rows_in_flight=RawSQL(store.inflight_rows_sql(), []))
 
     @admin.display(description="in flight")
-    def in_flight(self, obj: Partition) -> int:
-        return int(obj.rows_in_flight)  # type: ignore[attr-defined]  # annotated above
+    def in_flight(self, obj: WithAnnotations[Partition, _InFlight]) -> int:
+        return int(obj.rows_in_flight)
 
 
 @admin.register(Worker)
-class WorkerAdmin(ManagedAdmin):
+class WorkerAdmin(ManagedAdmin[Worker]):
     platform_only = True
     tenant_field = None
     list_display = ("worker_id", "live", "heartbeat", "partitions_held", "lanes", "hostname",
                     "pid", "started_at")
     ordering = ("worker_id",)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Worker]:
         held = (Partition.objects.filter(owner=OuterRef("worker_id"),
                                          lease_until__gt=timezone.now())
                 .order_by().values("owner").annotate(n=Count("partition")).values("n"))
         return super().get_queryset(request).annotate(held=Coalesce(Subquery(held), 0))
 
     @admin.display(description="partitions held")
-    def partitions_held(self, obj: Worker) -> int:
-        return obj.held  # type: ignore[attr-defined]
+    def partitions_held(self, obj: WithAnnotations[Worker, _Held]) -> int:
+        return obj.held
 
     @admin.display(description="last heartbeat")
     def heartbeat(self, obj: Worker) -> str:
@@ -535,7 +550,7 @@ class WorkerAdmin(ManagedAdmin):
 
 
 @admin.register(TargetPause)
-class TargetPauseAdmin(ManagedAdmin):
+class TargetPauseAdmin(ManagedAdmin[TargetPause]):
     """A pause is a target's, shared by every tenant's jobs: the platform operator's."""
 
     platform_only = True
@@ -555,7 +570,7 @@ class TargetPauseAdmin(ManagedAdmin):
         return "probe due"
 
     @admin.action(description="Resume selected targets now", permissions=["manage"])
-    def resume_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def resume_selected(self, request: HttpRequest, queryset: QuerySet[TargetPause]) -> None:
         targets = list(queryset.values_list("target", flat=True)[: BULK_LIMIT + 1])
         run_bulk(self, request, targets, "Resumed", "target", actions.resume_target)
 
@@ -610,7 +625,7 @@ def target_totals(now: datetime, scope: Scope = PLATFORM) -> list[dict[str, Any]
 
 
 @admin.register(JobStat)
-class JobStatAdmin(ManagedAdmin):
+class JobStatAdmin(ManagedAdmin[JobStat]):
     """Runs per hour, target and outcome, of the user's tenant: a chart of the last
     ``CHART_HOURS`` (``?target=`` narrows it) and each target's totals over them. One page
     computed from the statistics' tables, not a list of their rows: a bucket's runs are
@@ -637,7 +652,7 @@ class JobStatAdmin(ManagedAdmin):
 
 
 @admin.register(AuditRecord)
-class AuditRecordAdmin(ManagedAdmin):
+class AuditRecordAdmin(ManagedAdmin[AuditRecord]):
     """Who did what, in the user's tenant (the platform operator: every tenant's)."""
 
     list_display = ("at", "username", "action", "object_type", "object_id", "result",

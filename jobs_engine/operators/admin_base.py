@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.utils.html import format_html
@@ -66,14 +66,26 @@ class EngineChangeList(ChangeList):
     """A filter or search value no column can hold lists nothing: sent to PostgreSQL it
     would fail the whole page (a 500) instead of matching no row."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None
+                     ) -> QuerySet[Any]:
         queryset = super().get_queryset(request, exclude_parameters)
         if all(storable(value) for _, values in request.GET.lists() for value in values):
             return queryset
         return queryset.none()
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin
+else:
+    class _ModelAdmin(admin.ModelAdmin):
+        """``admin.ModelAdmin`` that takes its model as a type argument, as django-stubs
+        types it (``ManagedAdmin[Job]``); Django's own class cannot be subscripted."""
+
+        def __class_getitem__(cls, model: Any) -> type:
+            return cls
+
+
+class ReadOnlyAdmin[M: Model](_ModelAdmin[M]):
     """Pages that never add, edit or delete a row in place (actions are guarded changes),
     lists that never count a whole table, and rows of the user's tenant only.
 
@@ -92,7 +104,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         operator only); the permissions decide the rest."""
         return not self.platform_only or is_platform(request)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[M]:
         queryset = super().get_queryset(request)
         if not self.shown_to(request):
             return queryset.none()
@@ -116,7 +128,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
 
-class ManagedAdmin(ReadOnlyAdmin):
+class ManagedAdmin[M: Model](ReadOnlyAdmin[M]):
     """Engine managers see all and act (through actions); a staff user with Django's view
     permission sees the page without ``private`` fields and acts on nothing."""
 
@@ -144,7 +156,7 @@ class ManagedAdmin(ReadOnlyAdmin):
         stand_ins = {shown: f"{field}_hidden" for field, shown in self.private.items()}
         return tuple(stand_ins.get(name, name) for name in names)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[M]:
         queryset = super().get_queryset(request)
         if self.private and not may_see_job_text(request):
             return queryset.defer(*self.private)  # never even read from the database
@@ -201,7 +213,7 @@ class ManagedAdmin(ReadOnlyAdmin):
             raise PermissionDenied
         return super().changelist_view(request, extra_context)
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet, *args: Any,
+    def response_action(self, request: HttpRequest, queryset: QuerySet[M], *args: Any,
                         **kwargs: Any) -> HttpResponse | None:
         """A selected id that cannot be a row's key refuses the action with a message
         (it would otherwise fail in the database)."""
@@ -226,7 +238,7 @@ def age(since: datetime | None, now: datetime) -> str:
     return f"{max(seconds, 0):.0f} s ago" if seconds > -1 else f"in {-seconds:.0f} s"
 
 
-def run_bulk(modeladmin: admin.ModelAdmin, request: HttpRequest, keys: list[Any], verb: str,
+def run_bulk(modeladmin: admin.ModelAdmin[Any], request: HttpRequest, keys: list[Any], verb: str,
              noun: str, action: Callable[[Any, Any], Any],
              describe: Callable[[Any, Any], str] | None = None) -> None:
     """Run ``action(key, user)`` on each selected row (at most ``BULK_LIMIT``; ``keys`` may

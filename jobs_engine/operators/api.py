@@ -33,11 +33,12 @@ import logging
 import re
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from django.conf import settings
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
@@ -499,8 +500,9 @@ def list_jobs(request: HttpRequest, filters: Query[JobFilters]) -> dict[str, Any
     total, capped = capped_count(queryset)
     start = (filters.page - 1) * filters.limit
     page = queryset.order_by("-id")[start:start + filters.limit]
-    rows = [completed_as_job(row, JobOut)
-            for row in page.defer("payload", "headers", "result", "actor")] \
+    rows = [completed_as_job(row, JobOut)  # done: the queryset is CompletedJob's
+            for row in cast("QuerySet[CompletedJob]", page).defer(
+                "payload", "headers", "result", "actor")] \
         if done else list(page.values(*LIST_FIELDS))
     return {"data": rows, "total": total, "total_capped": capped, "page": filters.page,
             "limit": filters.limit}

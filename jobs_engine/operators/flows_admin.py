@@ -44,7 +44,7 @@ def can_manage_flows(request: HttpRequest) -> bool:
 
 
 @admin.register(Flow)
-class FlowAdmin(ReadOnlyAdmin):
+class FlowAdmin(ReadOnlyAdmin[Flow]):
     list_display = ("id", "name", "state", "progress", "tenant_id", "started", "finished_at")
     list_filter = ("state",)
     search_fields = ("=name",)

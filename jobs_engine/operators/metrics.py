@@ -99,7 +99,7 @@ def render(now: datetime | None = None) -> bytes:
     from prometheus_client import CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(JobsCollector(now))  # type: ignore[arg-type]
+    registry.register(JobsCollector(now))
     return generate_latest(registry)
 
 

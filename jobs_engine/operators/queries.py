@@ -8,6 +8,8 @@ PostgreSQL the planner's estimate of the table's rows for an unfiltered list.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from django.core.paginator import Paginator
 from django.db.models import QuerySet
 from django.utils.functional import cached_property
@@ -17,7 +19,7 @@ from jobs_engine import store
 COUNT_CAP = 10_000
 
 
-def capped_count(queryset: QuerySet, cap: int | None = None) -> tuple[int, bool]:
+def capped_count(queryset: QuerySet[Any], cap: int | None = None) -> tuple[int, bool]:
     """(rows, capped): the number of rows up to ``cap`` (``COUNT_CAP``); ``capped`` when
     there are more."""
     cap = COUNT_CAP if cap is None else cap
@@ -25,11 +27,17 @@ def capped_count(queryset: QuerySet, cap: int | None = None) -> tuple[int, bool]
     return min(found, cap), found > cap
 
 
-def is_filtered(queryset: QuerySet) -> bool:
+def is_filtered(queryset: QuerySet[Any]) -> bool:
     return bool(queryset.query.where)
 
 
-class CappedCountPaginator(Paginator):
+if TYPE_CHECKING:
+    _Paginator = Paginator[Any]  # generic in django-stubs only: any model's rows
+else:
+    _Paginator = Paginator
+
+
+class CappedCountPaginator(_Paginator):
     """Admin paginator whose count is capped (and estimated past the cap when unfiltered
     on PostgreSQL), so a list page of a huge table does no full count."""
 

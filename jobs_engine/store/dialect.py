@@ -19,6 +19,8 @@ from functools import cache, lru_cache
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -29,7 +31,7 @@ from django.utils.dateparse import parse_datetime
 ARRAY_FROM = 16
 
 
-def conn(using: str | None = None) -> Any:
+def conn(using: str | None = None) -> BaseDatabaseWrapper:
     """The connection itself, not ``django.db.connection``: that proxy looks the
     connection up again (a context-local read) at every attribute, dozens per poll."""
     return connections[using or DEFAULT_DB_ALIAS]
@@ -210,7 +212,8 @@ def fetch_insert(sql: str, params: Sequence[Any], using: str | None = None, *,
     prepare = plan_may_be_kept and _may_prepare(db)
     with _wrapped(db, _insert_cursor_class(prepare)(db.connection)) as cursor:
         cursor.execute(sql, params)  # ids and keys back: no timestamp to load
-        return cursor.fetchall()
+        rows: list[tuple[Any, ...]] = cursor.fetchall()
+        return rows
 
 
 @cache
@@ -226,7 +229,7 @@ def _insert_cursor_class(prepare: bool) -> type:
     return InsertCursor
 
 
-def _may_prepare(db: Any) -> bool:
+def _may_prepare(db: BaseDatabaseWrapper) -> bool:
     """Whether a statement may be prepared on the caller's connection. Django leaves
     prepared statements off unless the project turns them on (``OPTIONS``
     ``prepare_threshold``): a transaction-mode pooler may give the next transaction
@@ -238,7 +241,7 @@ def _may_prepare(db: Any) -> bool:
     return db.connection.prepare_threshold is not None
 
 
-def _wrapped(db: Any, raw: Any) -> Any:
+def _wrapped(db: BaseDatabaseWrapper, raw: Any) -> CursorWrapper:
     """Django's wrapper over a raw cursor: its error translation and query logging."""
     return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
 
@@ -246,14 +249,16 @@ def _wrapped(db: Any, raw: Any) -> Any:
 def execute(sql: str, params: Sequence[Any] = (), using: str | None = None) -> int:
     with conn(using).cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount
+        count: int = cursor.rowcount
+        return count
 
 
 def db_now() -> datetime:
     """The database's clock: every lease and liveness decision is made on it (SQLite, one
     process on one machine, has the process's)."""
     if is_postgres():
-        return fetch("SELECT clock_timestamp()")[0][0]
+        now: datetime = fetch("SELECT clock_timestamp()")[0][0]
+        return now
     return timezone.now()
 
 

@@ -226,7 +226,7 @@ class PauseRow:
 
 
 def pauses_all() -> list[PauseRow]:
-    return [PauseRow(t, read_dt(u), r) for t, u, r in  # type: ignore[arg-type]
+    return [PauseRow(t, read_dt(u), r) for t, u, r in  # type: ignore[arg-type]  # paused_until is NOT NULL
             fetch(f"SELECT target, paused_until, reason FROM {PAUSES}")]
 
 

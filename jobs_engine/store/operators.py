@@ -111,7 +111,10 @@ _REMOVED_COLUMNS = ("id, target, code, dedupe_key, attempts, status, lane, parti
 
 
 def _removed(row: Sequence[Any]) -> RemovedJob:
-    return RemovedJob(*row[:10], read_dt(row[10]))
+    (job_id, target, code, dedupe_key, attempts, status, lane, partition, key, version,
+     next_run_at) = row[:11]
+    return RemovedJob(job_id, target, code, dedupe_key, attempts, status, lane, partition, key,
+                      version, read_dt(next_run_at))
 
 
 @dataclass(frozen=True)
@@ -357,7 +360,7 @@ def job_stats_since(since: datetime, *, of_tenant: str | None = None
     rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {source} WHERE hour >= %s "
                  "GROUP BY hour, target, outcome ORDER BY hour, target, outcome",
                  [*params, dt(since)])
-    return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]
+    return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]  # hour is NOT NULL
 
 
 def job_stats_fold_shards() -> int:
@@ -373,10 +376,11 @@ def job_stats_fold_shards() -> int:
            f"DO UPDATE SET count = {JOB_STAT_SHARDS}.count + excluded.count")
     not_folded = f"shard <> {_FOLDED}"
     if writable_ctes():
-        return fetch(
+        folded: int = fetch(
             f"WITH gone AS (DELETE FROM {JOB_STAT_SHARDS} WHERE {not_folded} "
             f"RETURNING {columns}, count), folded AS ({add.format(rows='gone')} "
             "RETURNING 1) SELECT COUNT(*) FROM gone")[0][0]
+        return folded
     with transaction.atomic():
         execute(add.format(rows=f"(SELECT * FROM {JOB_STAT_SHARDS} WHERE {not_folded}) AS s"))
         return execute(f"DELETE FROM {JOB_STAT_SHARDS} WHERE {not_folded}")
@@ -397,10 +401,13 @@ def jobs_pending_by_lane() -> dict[str, tuple[int, datetime | None]]:
 
 
 def jobs_count(statuses: Iterable[str] | None = None) -> int:
+    count: int
     if statuses is None:
-        return fetch(f"SELECT COUNT(*) FROM {JOBS}")[0][0]
+        count = fetch(f"SELECT COUNT(*) FROM {JOBS}")[0][0]
+        return count
     clause, params = in_("status", list(statuses))
-    return fetch(f"SELECT COUNT(*) FROM {JOBS} WHERE {clause}", params)[0][0]
+    count = fetch(f"SELECT COUNT(*) FROM {JOBS} WHERE {clause}", params)[0][0]
+    return count
 
 
 def job_info_row(job_id: int) -> tuple[Any, ...] | None:

@@ -277,7 +277,7 @@ _INSERT_TYPES = ("text", "text", "text", "text", "smallint", "bigint", "text", "
 
 
 def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = None
-                     ) -> dict[str, int]:
+                     ) -> Inserted:
     """Insert PENDING rows, skipping any whose dedupe_key exists; returns dedupe_key → id
     of the rows inserted.
 
@@ -391,10 +391,11 @@ def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
 
 def version_counter_next(key: str, using: str | None = None) -> int:
     """Atomically add one to the counter of ``key`` (row-locked until the caller commits)."""
-    return fetch(
+    value: int = fetch(
         f"INSERT INTO {COUNTERS} (key, value) VALUES (%s, 1) ON CONFLICT (key) "
         f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", [key], using,
     )[0][0]
+    return value
 
 
 # -- wake-ups (PostgreSQL, migration 0019) ------------------------------------------------
@@ -411,8 +412,9 @@ def wakeups_wanted(lanes: Collection[str]) -> bool:
     are found by that poll. False: an enqueue of these lanes was open as the worker asked
     (it holds their lock, ``ENQUEUING_FUNCTION``), and may have looked before the ask: the
     worker looks again soon rather than sleep."""
-    return fetch(f"SELECT {ASK_FUNCTION}(%s::text[])",
-                 [text_array([Lane(lane)._value_ for lane in sorted(lanes)])])[0][0]
+    wanted: bool = fetch(f"SELECT {ASK_FUNCTION}(%s::text[])",
+                         [text_array([Lane(lane)._value_ for lane in sorted(lanes)])])[0][0]
+    return wanted
 
 
 def workers_wake(targets_by_lane: Mapping[str, Collection[str]], using: str | None = None
@@ -422,10 +424,12 @@ def workers_wake(targets_by_lane: Mapping[str, Collection[str]], using: str | No
     took a wait number no wake-up has answered yet; how many lanes were notified. A
     fast-lane notification names the commit's targets (``wake_payload``)."""
     lanes = sorted(targets_by_lane)
-    return fetch(f"SELECT {WAKE_FUNCTION}(%s::text[], %s::text[])",
-                 [text_array([Lane(lane)._value_ for lane in lanes]),
-                  text_array([wake_payload(lane, targets_by_lane[lane]) for lane in lanes])],
-                 using)[0][0]
+    notified: int = fetch(
+        f"SELECT {WAKE_FUNCTION}(%s::text[], %s::text[])",
+        [text_array([Lane(lane)._value_ for lane in lanes]),
+         text_array([wake_payload(lane, targets_by_lane[lane]) for lane in lanes])],
+        using)[0][0]
+    return notified
 
 
 # A notification's payload stays well under PostgreSQL's 8,000 bytes: past this many, it
@@ -666,11 +670,12 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     cursors = [after.get(name) for name in listed]
     clock = dt(now)
     parts = int_array(partitions)
-    params = [text_array(listed), int_array([limits[name] for name in listed]),
-              instant_array([c.band_from if c else None for c in cursors]),
-              instant_array([c.at if c else None for c in cursors]),
-              int_array([c.id if c else 0 for c in cursors]),
-              "{" + ",".join("t" if name in always else "f" for name in listed) + "}"]
+    params: list[str | int] = [
+        text_array(listed), int_array([limits[name] for name in listed]),
+        instant_array([c.band_from if c else None for c in cursors]),
+        instant_array([c.at if c else None for c in cursors]),
+        int_array([c.id if c else 0 for c in cursors]),
+        "{" + ",".join("t" if name in always else "f" for name in listed) + "}"]
     if constant:
         text = _fast_heads_constant(whole_backlog, tuple((name, limits[name]) for name in names))
         params += [enqueues_seen, text_array(listed)]
@@ -796,13 +801,13 @@ def _read_fast(fetched: Sequence[Sequence[Any]]) -> FastPoll:
     ``enqueues_open``, then
     any columns of the caller's."""
     jobs = [_job(row) for row in fetched]
-    # Run order: the last wins. A stored row has its run time and id (None only in types).
+    # Run order: the last wins.
     last_read = {job.target: (read_dt(row[_NEXT_RUN_AT]), job.id)
                  for job, row in zip(jobs, fetched, strict=True)}
     probe_at = _NEXT_RUN_AT + 1
     return FastPoll(jobs, frozenset(job.target for job, row in zip(jobs, fetched, strict=True)
                                     if row[probe_at]),
-                    last_read=last_read,  # type: ignore[arg-type]  # stored: never None
+                    last_read=last_read,  # type: ignore[arg-type]  # a stored row has its run time and id
                     enqueues=fetched[0][probe_at + 1] if fetched else None,
                     enqueues_open=fetched[0][probe_at + 2] if fetched else None)
 
@@ -873,10 +878,10 @@ def jobs_fast_poll(
             send = send[:per_row_send]
         wanted: dict[int, list[int]] = {}
         for job in send:
-            wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
+            wanted.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]  # stored rows: id is set (None only on a lossy job)
         marked = inflight_mark_if_leased(
             owner, now, token,
-            [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]
+            [(job.partition, job.id, job.attempts) for job in send])  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
         return FastPoll(due.jobs, due.probing, first,
                         {p: ids for p, ids in wanted.items() if p in marked}, due.last_read,
                         due.enqueues, due.enqueues_open)
@@ -912,7 +917,7 @@ def jobs_fast_poll(
     marks: dict[int, list[int]] = {}
     for job, values in zip(read.jobs, fetched, strict=True):
         if values[-1]:
-            marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]
+            marks.setdefault(job.partition, []).append(job.id)  # type: ignore[arg-type]  # stored rows: id is set (None only on a lossy job)
     first = min((job.target for job in read.jobs), default=None)
     return FastPoll(read.jobs, read.probing, first if first not in read.probing else None,
                     marks, read.last_read, read.enqueues, read.enqueues_open)
@@ -1253,8 +1258,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             except IntegrityError:
                 continue  # another worker runs this code right now
             found += [reserved(row) for row in rows]
-    # A reserved row is stored: its id is never None.
-    return ReservedRows(sorted(found, key=lambda r: order[r.job.id]))  # type: ignore[index]
+    return ReservedRows(sorted(found, key=lambda r: order[r.job.id]))  # type: ignore[index]  # a reserved row is stored: its id is set
 
 
 def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
@@ -1404,10 +1408,11 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
     if not kept:
         assert DONE_NOT_KEPT[guard.lane].target is DELETED
         if counted:
-            return fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} "
-                         "RETURNING target, tenant_id)"
-                         f"{counted} SELECT COUNT(*){lazily} FROM moved",
-                         [*params, *count_params], prepare=True)[0][0]
+            deleted: int = fetch(f"WITH moved AS (DELETE FROM {JOBS} WHERE {where} "
+                                 "RETURNING target, tenant_id)"
+                                 f"{counted} SELECT COUNT(*){lazily} FROM moved",
+                                 [*params, *count_params], prepare=True)[0][0]
+            return deleted
         return execute(f"DELETE FROM {JOBS} WHERE {where}", params)
     assert DONE_KEPT[guard.lane].target is DONE
     # Each start time once (a send's rows share one), not once per row.
@@ -1425,12 +1430,13 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int,
         f"{jsonb('r.result')}, m.attempts + 1, COALESCE(m.started_at, r.started_at), %s, "
         f"r.duration_ms, {tries} FROM {{moved}} m JOIN r ON r.id = m.id")
     if writable_ctes():
-        return fetch(
+        moved: int = fetch(
             f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}), "
             f"moved AS (DELETE FROM {JOBS} WHERE {where} RETURNING *), "
             f"appended AS ({append.format(moved='moved')} RETURNING 1){counted} "
             f"SELECT COUNT(*){lazily} FROM moved",
             [*result_params, *params, dt(now), *count_params], prepare=True)[0][0]
+        return moved
     execute(f"WITH r(id, result, started_at, duration_ms, tried) AS ({results}) "
             + append.format(moved=f"(SELECT * FROM {JOBS} WHERE {where})"),
             [*result_params, dt(now), *params])

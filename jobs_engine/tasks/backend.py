@@ -49,7 +49,7 @@ class JobsEngineBackend(BaseTaskBackend):
         self.rules = queue_rules(alias, sorted(self.queues), self.options)
         register_queues(alias, self.rules)
 
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue[**P, R](self, task: Task[P, R], args: Any, kwargs: Any) -> TaskResult[P, R]:
         """One job, in the caller's transaction: rolled back, there is no task. It belongs
         to the tenant of the request or job that enqueues it (``enqueue``'s rule)."""
         self.validate_task(task)
@@ -71,7 +71,7 @@ class JobsEngineBackend(BaseTaskBackend):
         transaction.on_commit(partial(task_enqueued.send, type(self), task_result=result))
         return result
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The task's result as it is now; ``TaskResultDoesNotExist`` for an id that is not
         one of this backend's tasks, or whose job is gone (not kept by its queue's policy,
         skipped or cancelled by an operator, pruned)."""
@@ -87,7 +87,8 @@ class JobsEngineBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id) from None
 
 
-def _json_arguments(task: Task, args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+def _json_arguments(task: Task[..., Any], args: Any, kwargs: Any
+                    ) -> tuple[list[Any], dict[str, Any]]:
     """The arguments exactly as the worker and ``get_result`` will read them back from the
     stored JSON (``{1: 2}`` is ``{"1": 2}`` there, a tuple a list): ``TypeError`` (json's
     own message) for one that JSON cannot hold, as Django documents; ``InvalidTask`` for

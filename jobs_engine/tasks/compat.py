@@ -2,12 +2,32 @@
 backport on Django 5.2 (``pip install "jobs-engine[tasks]"``). The backend has one code
 path; only these imports differ."""
 
-# ruff: noqa: F401  (re-exports)
 from importlib.util import find_spec
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ImproperlyConfigured
 
-if find_spec("django.tasks") is not None:
+__all__ = [
+    "BaseTaskBackend",
+    "InvalidTask",
+    "InvalidTaskBackend",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskResult",
+    "TaskResultDoesNotExist",
+    "TaskResultMismatch",
+    "TaskResultStatus",
+    "normalize_json",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+]
+
+# The type checker reads the first branch only (Django 6's django.tasks, typed by
+# django-stubs): the backport's classes are the same API under other names.
+if TYPE_CHECKING or find_spec("django.tasks") is not None:
     from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.base import TaskError

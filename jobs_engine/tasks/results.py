@@ -26,7 +26,7 @@ STATUSES = {JobStatus.PENDING: TaskResultStatus.READY, JobStatus.RUNNING: TaskRe
             JobStatus.DEAD: TaskResultStatus.FAILED, JobStatus.DONE: TaskResultStatus.SUCCESSFUL}
 
 
-def task_payload(task: Task, args: list[Any], kwargs: dict[str, Any], alias: str
+def task_payload(task: Task[..., Any], args: list[Any], kwargs: dict[str, Any], alias: str
                  ) -> dict[str, Any]:
     """Everything that rebuilds the task and its call: what a job of it carries."""
     return {"task": task.module_path, "args": args, "kwargs": kwargs, "backend": alias,
@@ -43,7 +43,7 @@ _CALL_FIELDS = {"task": str, "args": list, "kwargs": dict, "backend": str, "queu
                 "priority": int}
 
 
-def task_of(payload: Any) -> Task:
+def task_of(payload: Any) -> Task[..., Any]:
     """The task a job's payload names, as it was enqueued (priority, queue, run_after);
     ``NotATask`` for a payload ``task_payload`` did not make."""
     if not isinstance(payload, dict) or not all(
@@ -55,7 +55,8 @@ def task_of(payload: Any) -> Task:
 
 
 @lru_cache(maxsize=1024)
-def _task(path: str, priority: int, queue: str, backend: str, run_after: str | None) -> Task:
+def _task(path: str, priority: int, queue: str, backend: str, run_after: str | None
+          ) -> Task[..., Any]:
     """Tasks are frozen: one per way they were enqueued, not one per run (``Task.using``
     validates anew; a worker runs the same few thousands of times)."""
     try:
@@ -71,10 +72,11 @@ def _task(path: str, priority: int, queue: str, backend: str, run_after: str | N
                       run_after=parse_datetime(run_after) if run_after else None)
 
 
-def task_result(task: Task, job_id: int, status: TaskResultStatus, *, payload: dict[str, Any],
-                enqueued_at: datetime | None, tries: Sequence[dict[str, Any]],
-                running: tuple[str, datetime] | None = None,
-                finished_at: datetime | None = None, return_value: Any = None) -> TaskResult:
+def task_result(task: Task[..., Any], job_id: int, status: TaskResultStatus, *,
+                payload: dict[str, Any], enqueued_at: datetime | None,
+                tries: Sequence[dict[str, Any]], running: tuple[str, datetime] | None = None,
+                finished_at: datetime | None = None, return_value: Any = None
+                ) -> TaskResult[..., Any]:
     """The ``TaskResult`` of a job: ``tries`` are its ended attempts, ``running`` the
     worker and start of the attempt under way."""
     starts = [read_dt(entry.get("started_at")) for entry in tries]
@@ -82,7 +84,7 @@ def task_result(task: Task, job_id: int, status: TaskResultStatus, *, payload: d
     if running is not None:
         worker_ids.append(running[0])
         starts.append(running[1])
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task, id=str(job_id), status=status, enqueued_at=enqueued_at,
         started_at=starts[0] if starts else None,
         last_attempted_at=starts[-1] if starts else None, finished_at=finished_at,
@@ -95,14 +97,14 @@ def task_result(task: Task, job_id: int, status: TaskResultStatus, *, payload: d
     return result
 
 
-def result_of(job: JobInfo) -> TaskResult:
+def result_of(job: JobInfo) -> TaskResult[..., Any]:
     """The ``TaskResult`` of a task's job as it is now."""
-    started = job.status is JobStatus.RUNNING and job.started_at is not None
-    status = STATUSES[job.status] if job.status is not JobStatus.RUNNING or started \
+    running = (job.running_on or "", job.started_at) \
+        if job.status is JobStatus.RUNNING and job.started_at is not None else None
+    status = STATUSES[job.status] if job.status is not JobStatus.RUNNING or running is not None \
         else TaskResultStatus.READY  # reserved, its handler not started yet
     return task_result(
         task_of(job.payload), job.id, status, payload=job.payload, enqueued_at=job.created_at,
-        tries=job.tries,
-        running=(job.running_on or "", job.started_at) if started else None,  # type: ignore[arg-type]
+        tries=job.tries, running=running,
         finished_at=job.finished_at if job.status in (JobStatus.DEAD, JobStatus.DONE) else None,
         return_value=job.result if job.status is JobStatus.DONE else None)

@@ -32,8 +32,9 @@ def run_task(job: Job) -> Any:
     payload = job.payload
     task = task_of(payload)
     running = current_try()
+    assert job.id is not None, "a task's job is stored (long lane)"
     result = task_result(
-        task, job.id, TaskResultStatus.RUNNING, payload=payload,  # type: ignore[arg-type]
+        task, job.id, TaskResultStatus.RUNNING, payload=payload,
         enqueued_at=job.created_at, tries=running.earlier if running else (),
         running=(running.worker_id, running.started_at) if running else None)
     sender = type(task.get_backend())

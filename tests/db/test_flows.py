@@ -106,6 +106,20 @@ def test_bad_input_is_refused_naming_the_field_and_writes_nothing(
     assert (Flow.objects.count(), FlowStep.objects.count(), Job.objects.count()) == (0, 0, 0)
 
 
+def test_a_lossy_target_is_refused_as_a_step_target(flow_target: Any, targets: Any) -> None:
+    """A lossy target's job is never stored: its step was QUEUED with no job (job_id
+    NULL) and no outcome ever advanced the flow, which stayed RUNNING for good."""
+    targets("metrics:ping", lossy=True)
+    for call, field in ((lambda: flows.chain("c", [Step("a", target="metrics:ping")]),
+                         "steps[0].target"),
+                        (lambda: flows.chain("c", [Step("a")], target="metrics:ping"),
+                         "target")):
+        with pytest.raises(InvalidFlow) as raised:
+            call()
+        assert raised.value.field == field and "lossy" in str(raised.value)
+    assert (Flow.objects.count(), FlowStep.objects.count(), Job.objects.count()) == (0, 0, 0)
+
+
 def test_register_step_refuses_a_name_that_is_not_a_string() -> None:
     with pytest.raises(InvalidFlow, match="name"):
         flows.register_step(3, lambda ctx: None)  # type: ignore[arg-type]

@@ -355,8 +355,10 @@ def build(out: Path) -> tuple[Path, Path]:
 
 
 def data_files() -> set[str]:
-    """Every file under the apps' templates, static and migrations folders."""
-    found = {"jobs_engine/templates/admin/jobs_engine/input_filter.html",
+    """Every file under the apps' templates, static and migrations folders, and the PEP 561
+    marker."""
+    found = {"jobs_engine/py.typed",
+             "jobs_engine/templates/admin/jobs_engine/input_filter.html",
              "jobs_engine/contrib/schedules/migrations/0001_initial.py",
              "jobs_engine/contrib/schedules/templates/admin/jobs_engine_schedules/schedule/"
              "set_override.html"}

@@ -58,7 +58,7 @@ class CronOverrideForm(forms.Form):
         self.schedules = schedules
 
     def clean_cron_override(self) -> str:
-        cron = self.cleaned_data["cron_override"]
+        cron: str = self.cleaned_data["cron_override"]  # a CharField's
         for row in self.schedules:
             try:
                 operations.check_cron(cron, row)
@@ -68,7 +68,7 @@ class CronOverrideForm(forms.Form):
 
 
 @admin.register(Schedule)
-class ScheduleAdmin(ManagedAdmin):
+class ScheduleAdmin(ManagedAdmin[Schedule]):
     list_display = ("code", "cron_text", "override", "timezone", "enabled", "next_run",
                     "last_run", "last_skip")
     list_display_links = ("code",)
@@ -110,7 +110,7 @@ class ScheduleAdmin(ManagedAdmin):
 
     # -- actions ---------------------------------------------------------------------------
 
-    def _each(self, request: HttpRequest, queryset: QuerySet, verb: str,
+    def _each(self, request: HttpRequest, queryset: QuerySet[Schedule], verb: str,
               action: Callable[..., Any],
               describe: Callable[[str, Any], str] | None = None) -> None:
         """``run_bulk`` over the selected codes, each named in the message, in the user's
@@ -122,24 +122,24 @@ class ScheduleAdmin(ManagedAdmin):
                  describe or (lambda code, _result: code))
 
     @admin.action(description="Enable selected schedules", permissions=["manage"])
-    def enable_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def enable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._each(request, queryset, "Enabled", operations.enable,
                    lambda code, row: f"{code} (next run {operations.next_run_text(row)})")
 
     @admin.action(description="Disable selected schedules", permissions=["manage"])
-    def disable_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def disable_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._each(request, queryset, "Disabled", operations.disable)
 
     @admin.action(description="Clear the cron override of selected schedules",
                   permissions=["manage"])
-    def clear_override(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def clear_override(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         self._each(request, queryset, "Cleared the override of", operations.clear_cron_override,
                    lambda code, row: f"{code} (on {row.cron}, next run "
                                      f"{operations.next_run_text(row)})")
 
     @admin.action(description="Run selected schedules now (one extra run)",
                   permissions=["manage"])
-    def run_now_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
+    def run_now_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
         def describe(code: str, result: Any) -> str:
             if result.inserted:
                 return f"{code} (job {result.job_id})"
@@ -149,7 +149,7 @@ class ScheduleAdmin(ManagedAdmin):
 
     @admin.action(description="Set the cron override of selected schedules…",
                   permissions=["manage"])
-    def set_override(self, request: HttpRequest, queryset: QuerySet
+    def set_override(self, request: HttpRequest, queryset: QuerySet[Schedule]
                      ) -> TemplateResponse | None:
         """First call: the form. Submitted (``apply``): validated in every selected
         schedule's zone, then applied to each; a bad cron changes nothing, is audited as
@@ -166,7 +166,7 @@ class ScheduleAdmin(ManagedAdmin):
                            lambda code, row: f"{code} (on {row.cron_override}, next run "
                                              f"{operations.next_run_text(row)})")
                 return None  # back to the list, with the messages
-            problem = "; ".join(form.errors.get("cron_override", ["invalid"]))
+            problem = "; ".join(map(str, form.errors.get("cron_override", ["invalid"])))
             for row in rows:
                 audit(request.user, operations.OVERRIDE, operations.SCHEDULE, row.code,
                       ok=False, message=problem, scope=tenant_of(request))

@@ -119,8 +119,9 @@ class CronSpec:
         local = moment.astimezone(self.zone)
         # Before a fall-back change, second occurrences of earlier wall times come later.
         ahead_offset = (moment + _DST_WINDOW).astimezone(self.zone).utcoffset()
-        assert local.utcoffset() is not None and ahead_offset is not None
-        margin = max(local.utcoffset() - ahead_offset, timedelta(0)) if self.hour_wildcard \
+        local_offset = local.utcoffset()
+        assert local_offset is not None and ahead_offset is not None
+        margin = max(local_offset - ahead_offset, timedelta(0)) if self.hour_wildcard \
             else timedelta(0)
         wall_times = self._iter(local.replace(tzinfo=None) - margin)
         best: datetime | None = None
@@ -139,8 +140,9 @@ class CronSpec:
         local = moment.astimezone(self.zone)
         # After a fall-back change, first occurrences of later wall times came earlier.
         behind_offset = (moment - _DST_WINDOW).astimezone(self.zone).utcoffset()
-        assert local.utcoffset() is not None and behind_offset is not None
-        margin = max(behind_offset - local.utcoffset(), timedelta(0))
+        local_offset = local.utcoffset()
+        assert local_offset is not None and behind_offset is not None
+        margin = max(behind_offset - local_offset, timedelta(0))
         wall_times = self._iter(local.replace(tzinfo=None) + margin + timedelta(seconds=1))
         best: datetime | None = None
         while True:

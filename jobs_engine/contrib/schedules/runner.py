@@ -102,8 +102,10 @@ def _late_start_reason(declaration: Declaration, job: Job, slot: datetime, late_
 
 
 def _newer_pending_slot(code: str, job_id: int | None, slot: datetime) -> datetime | None:
-    payloads = JobTable.objects.filter(target=target_name(code), status=JobStatus.PENDING) \
-        .exclude(id=job_id).values_list("payload", flat=True)
+    pending = JobTable.objects.filter(target=target_name(code), status=JobStatus.PENDING)
+    if job_id is not None:  # exclude(id=None) would exclude no row either
+        pending = pending.exclude(id=job_id)
+    payloads = pending.values_list("payload", flat=True)
     newer = []
     for payload in payloads:
         if not isinstance(payload, dict) or payload.get("run_now"):
