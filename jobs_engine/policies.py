@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from jobs_engine.errors import InvalidPolicy
 
+MAX_WAIT_S = 365 * 24 * 3600  # the longest wait a policy may ask for between two tries
+
 
 @dataclass(frozen=True, kw_only=True)
 class JobPolicy:
@@ -37,6 +39,15 @@ class JobPolicy:
                 or not math.isfinite(self.backoff_s) or self.backoff_s < 0:
             raise InvalidPolicy("backoff_s", f"must be a number of seconds >= 0, "
                                              f"got {self.backoff_s!r}")
+        # The last wait, backoff_s * 2 ** (attempts - 2), in logarithms: it may be past
+        # what a float holds. A policy whose waits run past a year is a mistake, and its
+        # wait after the 47th try at 1 s overflowed the datetime of the next run.
+        if self.attempts > 1 and self.backoff_s > 0 and (
+                math.log2(self.backoff_s) + self.attempts - 2 > math.log2(MAX_WAIT_S)):
+            raise InvalidPolicy("attempts", f"with backoff_s={self.backoff_s:g} the wait "
+                                            f"before try {self.attempts} would pass a year "
+                                            f"({MAX_WAIT_S:,} s): fewer attempts or a "
+                                            "shorter backoff_s")
         _whole("keep_completed", self.keep_completed, least=0)
         _whole("keep_failed", self.keep_failed, least=0)
 

@@ -23,6 +23,7 @@ from jobs_engine import (
 )
 from jobs_engine.job import Job
 from jobs_engine.lanes.outcomes import OutcomeKind, judge
+from jobs_engine.policies import MAX_WAIT_S
 from jobs_engine.registry import all_targets, policy_for, unregister_target
 
 NAME = "t:policy-test"
@@ -70,6 +71,8 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("nan-backoff", {"backoff_s": float("nan")}, "backoff_s"),
     ("infinite-backoff", {"backoff_s": float("inf")}, "backoff_s"),
     ("text-backoff", {"backoff_s": "1s"}, "backoff_s"),
+    ("waits-past-a-year", {"attempts": 27, "backoff_s": 1}, "attempts"),
+    ("waits-past-a-float", {"attempts": 5000, "backoff_s": 1}, "attempts"),
     ("float-keep-completed", {"keep_completed": 10.0}, "keep_completed"),
     ("negative-keep-completed", {"keep_completed": -1}, "keep_completed"),
     ("bool-keep-failed", {"keep_failed": True}, "keep_failed"),
@@ -90,6 +93,16 @@ def test_nonsense_raises_at_construction_naming_the_knob(bad: dict[str, Any], kn
 def test_zero_keeps_and_zero_backoff_are_allowed() -> None:
     policy = JobPolicy(attempts=1, backoff_s=0, keep_completed=0, keep_failed=0)
     assert policy.delay_s(1) == 0.0
+
+
+def test_the_longest_waits_a_policy_may_ask_for_are_dated() -> None:
+    """Up to a year between tries: every wait of such a policy makes a next run time."""
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    for policy in (JobPolicy(attempts=26, backoff_s=1), JobPolicy(attempts=2, backoff_s=MAX_WAIT_S),
+                   JobPolicy(attempts=10**6, backoff_s=0)):
+        waits = [policy.delay_s(n) for n in range(1, min(policy.attempts, 100))]
+        assert max(waits) <= MAX_WAIT_S
+        assert now + timedelta(seconds=max(waits)) >= now
 
 
 def test_the_wait_before_each_try_doubles_from_backoff() -> None:
