@@ -114,7 +114,7 @@ INSTALLED_APPS = [
 ]
 
 # Django's Tasks API, delivered by the engine: every queue runs on the long lane
-# (run_workers, run_long_lane). See the README's "Using Django's Tasks API".
+# (run_workers, run_long_lane). See docs/tasks.md.
 TASKS = {
     "default": {
         "BACKEND": "jobs_engine.tasks.JobsEngineBackend",

@@ -2,7 +2,7 @@
 minute (``demo_cleanup``) so ``scripts/run.sh`` shows a cron slot becoming a job.
 
 Each target's name and policy are declared side by side, here, where every caller imports
-the name from (README "Job policies" tells why each has the policy it has).
+the name from (docs/guide.md, "Job policies", tells why each has the policy it has).
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EnqueueResult:
+    """What ``enqueue`` did with one job. ``inserted`` is False for a duplicate ``dedupe_key``
+    (nothing written; ``job_id`` names the job that holds it) and for a lossy target's job,
+    which writes no row (``lossy``, ``job_id`` None) and is handed off after the commit."""
+
     inserted: bool
     job_id: int | None
     lossy: bool = False

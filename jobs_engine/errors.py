@@ -36,6 +36,9 @@ class JobsEngineError(Exception):
 
 
 class UnknownTarget(JobsEngineError, LookupError):
+    """No target of that name is registered in this process; ``enqueue`` raises it before
+    anything is written."""
+
     code = "unknown_target"
 
     def __init__(self, name: str) -> None:
@@ -44,6 +47,8 @@ class UnknownTarget(JobsEngineError, LookupError):
 
 
 class DuplicateTarget(JobsEngineError, ValueError):
+    """``register_target`` was given a name that is already registered."""
+
     code = "duplicate_target"
 
     def __init__(self, name: str) -> None:

@@ -17,6 +17,9 @@ MAX_JOB_ID = 2**63 - 1  # bigint
 
 @dataclass(frozen=True, kw_only=True)
 class JobInfo:
+    """One job as ``get_job`` returns it: what an operator needs of it (status, attempts,
+    result, last error, created, started and finished times)."""
+
     id: int
     target: str
     code: str

@@ -28,6 +28,15 @@ MAX_WAIT_S = 365 * 24 * 3600  # the longest wait a policy may ask for between tw
 
 @dataclass(frozen=True, kw_only=True)
 class JobPolicy:
+    """A target's failure and retention behaviour, given to ``register_target(policy=...)``.
+
+    ``attempts``: total tries, not retries (1: run once and give up). ``backoff_s``: the wait
+    before the second try, doubled before each later one. ``keep_completed`` / ``keep_failed``:
+    how many DONE / DEAD jobs of the target are kept, with their results / errors. Nonsense
+    (0 attempts, a negative backoff, a bool, a float count) raises ``InvalidPolicy`` naming
+    the knob when the policy is built.
+    """
+
     attempts: int = 3
     backoff_s: float = 1.0
     keep_completed: int = 100
@@ -78,7 +87,11 @@ def _whole(knob: str, value: object, *, least: int) -> None:
 # answer. Failed jobs are kept ten times as many as completed ones: a completed job is
 # evidence of little, a failed one is the only record of what went wrong.
 DEFAULT_POLICY = JobPolicy(attempts=3, backoff_s=1.0, keep_completed=100, keep_failed=1000)
+"""3 attempts, waits of 1 s then 2 s; keeps 100 completed and 1,000 failed jobs. The policy
+of a target registered without one."""
 
 # For work that is not idempotent (charging a card, posting to an endpoint that does not
 # deduplicate): one try, and the failed job still records that it happened.
 RUN_ONCE_POLICY = JobPolicy(attempts=1, backoff_s=1.0, keep_completed=100, keep_failed=1000)
+"""One attempt, for work that is not idempotent (charging a card): the failed job is kept,
+and an operator decides."""

@@ -12,6 +12,8 @@ from django.dispatch import Signal
 logger = logging.getLogger("jobs_engine")
 
 job_dead = Signal()
+"""Sent once for each row that goes DEAD, after the write committed:
+``job_dead(sender, job_id, target, code, reason)``."""
 
 
 def log_run(code: str, target: str, dedupe_key: str, attempts: int, duration_ms: float,

@@ -19,6 +19,10 @@ from django.db import models
 
 
 class JobStatus(models.TextChoices):
+    """A job's status: PENDING (waiting or due), RUNNING (long lane: reserved under a
+    lease), DEAD (failed for good, kept for operators), DONE (completed, kept with its
+    result)."""
+
     PENDING = "PENDING", "Pending"
     RUNNING = "RUNNING", "Running"  # long lane only; the fast lane marks its partition instead
     DEAD = "DEAD", "Dead"
@@ -53,11 +57,17 @@ class StepRole(models.TextChoices):
 
 
 class Lane(models.TextChoices):
+    """Where a target's jobs run: FAST (ordered per key, partitioned) for short sends, LONG
+    (leased) for handlers that run for minutes."""
+
     FAST = "fast", "Fast"
     LONG = "long", "Long"
 
 
 class DeliveryMode(models.TextChoices):
+    """What a worker's crash does to a job it may have handed to its target: AT_MOST_ONCE
+    goes DEAD and is never sent twice, AT_LEAST_ONCE is sent again."""
+
     AT_MOST_ONCE = "at_most_once", "At most once"
     AT_LEAST_ONCE = "at_least_once", "At least once"
 

@@ -60,7 +60,7 @@ PG_BASE="$(bash "$ROOT/scripts/docker-base-image.sh" jobs-engine-postgres-base:t
            postgresql,ca-certificates)"
 JRE="$(bash "$ROOT/scripts/docker-base-image.sh" jobs-engine-jre:trixie \
        openjdk-21-jre-headless,ca-certificates)"
-# The tag the compose file runs by default, and the README builds: the project's version.
+# The tag the compose file runs by default, and docs/workers.md builds: the project's version.
 VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml")"
 APP_IMAGE="jobs-engine-demo:$VERSION"
 docker build -q -f "$ROOT/docker/Dockerfile" --build-arg "BASE_IMAGE=$BASE" \
@@ -135,7 +135,8 @@ with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/admin/login/", time
 PY
 note "the app's containers are hardened; the admin answers on $bound"
 
-# The README's admin login: with DEBUG off a random password, printed; the published one refused.
+# The admin login of docs/operators.md: with DEBUG off a random password, printed; the published
+# one refused.
 printed="$(compose exec -T web python manage.py demo_admin | grep '^admin user: ' || true)"
 password="${printed##*  password: }"
 [[ "$printed" == "admin user: admin  password: "* && "$password" != admin-demo-password \

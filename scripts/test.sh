@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the type check,
-# the portability check, tests on PostgreSQL (unit, db, real processes, Kafka, browser,
-# the host-project install), then the unit/db tests again on SQLite with the newest
-# Django and with Django 5.2 LTS, then docker/ (scripts/docker-test.sh).
+# the portability check, the documentation site (mkdocs.yml), tests on PostgreSQL (unit,
+# db, real processes, Kafka, browser, the host-project install), then the unit/db tests
+# again on SQLite with the newest Django and with Django 5.2 LTS, then docker/
+# (scripts/docker-test.sh).
 #
 #   scripts/test.sh [pytest args...]     (args go to both pytest runs)
 #   KEEP_PG=1 scripts/test.sh            keep a postgres we started running
@@ -56,8 +57,13 @@ step() {  # step NAME CMD...: run, record the exit code, never abort
 }
 
 step "ruff" "$PY" -m ruff check .
-step "mypy" "$PY" -m mypy  # jobs_engine, strict, with the django-stubs plugin ([tool.mypy])
+step "mypy" "$PY" -m mypy  # jobs_engine and the docs hook, strict, django-stubs ([tool.mypy])
 step "portable" bash "$ROOT/scripts/check-portable.sh"
+# The documentation site (mkdocs.yml, docs/contributing.md): --strict fails on a broken link,
+# a missing anchor or a page left out of the nav. Built into a temporary folder, not kept.
+DOCS_SITE="$(mktemp -d)"
+step "docs" "$PY" -m mkdocs build --strict --site-dir "$DOCS_SITE"
+rm -rf "$DOCS_SITE"
 
 if [[ -n "$PG_URL" ]]; then
     step "pytest (postgres)" env DATABASE_URL="$PG_URL" \

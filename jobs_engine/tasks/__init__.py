@@ -2,7 +2,7 @@
 
 Configure ``TASKS = {"default": {"BACKEND": "jobs_engine.tasks.JobsEngineBackend",
 "QUEUES": ["default"]}}``; every queue runs on the long lane (``run_long_lane`` or
-``run_workers``). See the README's "Using Django's Tasks API" and ``docs/design.md``.
+``run_workers``). See ``docs/tasks.md`` and ``docs/design.md``.
 """
 
 from jobs_engine.tasks.backend import JobsEngineBackend

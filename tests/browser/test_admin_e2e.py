@@ -4,7 +4,7 @@ jobs by status DEAD, retries one and sees it PENDING, disables a schedule and se
 disabled; each step leaves a screenshot under ``test-artifacts/browser/<test>/``.
 
 The second test renders the jobs list over the demo data (``enqueue_demo`` plus a few DEAD
-rows); its screenshot is the README's ``docs/admin-jobs.png``.
+rows); its screenshot is ``docs/admin-jobs.png``, shown in ``docs/operators.md``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def test_manager_retries_a_dead_job_and_disables_a_schedule(
 
 def test_jobs_list_over_the_demo_data(live_server: Any, page: Page,
                                       shot: Callable[..., Path]) -> None:
-    """The screenshot the README shows (copied to ``docs/admin-jobs.png``)."""
+    """The screenshot docs/operators.md shows (copied to ``docs/admin-jobs.png``)."""
     call_command("enqueue_demo", stdout=io.StringIO())
     for n in (1, 2):
         make_job(EVENT_LOG, status=JobStatus.DEAD, key=f"order-{n + 8}",

@@ -3,14 +3,15 @@
 Builds the wheel and sdist and checks what they hold; installs the wheel into a fresh
 virtualenv; starts a project with ``django-admin startproject`` and adds the engine as the
 README's "Add it to your Django project" says (its settings and URL code blocks are read from
-README.md, so the section and this test cannot drift); then, first without extras and then
-with the README's extras: system checks, migrations, every engine admin page, the API docs,
-the metrics, and a job enqueued in a transaction delivered by a real ``run_workers``. Nothing
-may write into site-packages. The wheel installs no top-level package but ``jobs_engine``, and
-the host has an app of its own named ``schedules`` (a common name, so the engine's schedules
-app may not take it as its package, label, table, templates or admin URL names). The host
-project runs on SQLite (startproject's default); pip fetches Django, croniter and the extras
-from PyPI (its cache makes a rerun quick).
+README.md, and the Tasks API's settings from docs/tasks.md, so the docs and this test cannot
+drift); then, first without extras and then with the README's extras: system checks,
+migrations, every engine admin page, the API docs, the metrics, and a job enqueued in a
+transaction delivered by a real ``run_workers``. Nothing may write into site-packages. The
+wheel installs no top-level package but ``jobs_engine``, and the host has an app of its own
+named ``schedules`` (a common name, so the engine's schedules app may not take it as its
+package, label, table, templates or admin URL names). The host project runs on SQLite
+(startproject's default); pip fetches Django, croniter and the extras from PyPI (its cache
+makes a rerun quick).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ NOT_IN_SDIST = ("config", "examples", "bench", "tests", "scripts")
 # Not copied to the build tree (besides hidden folders such as .git and .venv, and any
 # virtualenv): local state, and what an earlier build left behind.
 BUILD_SKIP = {"var", "build", "dist", "test-artifacts"}
-SECTION = "## Add it to your Django project"
-TASKS_SECTION = "## Using Django's Tasks API"
+SECTION = "## Add it to your Django project"  # of README.md
+TASKS_PAGE = "docs/tasks.md"  # Django's Tasks API: its TASKS setting
 PASSWORD = "host-test-password"
 METRICS_TOKEN = "host-test-metrics-token"
 DELIVERED = {"order": 1, "status": "paid"}
@@ -113,7 +114,7 @@ def register() -> None:
     register_target(MAIL_SEND, send_mail, lane=Lane.FAST)
     declare("shop_nightly_report", "0 3 * * *", nightly_report)
 """,
-    # A task of Django's Tasks API, on a queue of the README's TASKS block.
+    # A task of Django's Tasks API, on a queue of the TASKS block of docs/tasks.md.
     "shop/tasks.py": """\
 import json
 
@@ -319,12 +320,17 @@ def readme_section(title: str = SECTION) -> str:
     return text[start:end if end != -1 else None]
 
 
+def page(path: str) -> str:
+    """A page of the documentation, e.g. ``docs/tasks.md``."""
+    return (REPO / path).read_text()
+
+
 def code_block(section: str, first_line: str) -> str:
-    """The section's one fenced block that starts with ``first_line``."""
+    """The section's (or page's) one fenced block that starts with ``first_line``."""
     blocks = re.findall(r"^```\w*\n(.*?)^```", section, re.M | re.S)
     found = [block for block in blocks if block.startswith(first_line + "\n")]
-    assert len(found) == 1, f"README {section.splitlines()[1]!r}: want one block starting " \
-                            f"{first_line!r}"
+    title = next(line for line in section.splitlines() if line.strip())
+    assert len(found) == 1, f"{title!r}: want one block starting {first_line!r}"
     return found[0]
 
 
@@ -453,12 +459,12 @@ def start_project(python: Path, project: Path, section: str, env: dict[str, str]
 def write_settings(project: Path, section: str, *, api: bool) -> None:
     """startproject's settings, then the README's block (its ``"ninja"`` line only with the
     api extra installed), then the host's ``schedules`` app (first) and the shop app; with the
-    extras, the Tasks API's block of "Using Django's Tasks API" too."""
+    extras, the ``# settings.py`` block of docs/tasks.md (Django's Tasks API) too."""
     block = code_block(section, "# settings.py")
     if not api:
         block = "\n".join(line for line in block.splitlines() if '"ninja"' not in line)
     else:
-        block += "\n" + code_block(readme_section(TASKS_SECTION), "# settings.py")
+        block += "\n" + code_block(page(TASKS_PAGE), "# settings.py")
     settings = project / "hostsite" / "settings.py"
     base = settings.with_suffix(".startproject").read_text()
     apps = 'INSTALLED_APPS = ["schedules", *INSTALLED_APPS, "shop"]'

@@ -150,7 +150,7 @@ def test_every_environment_variable_set_is_read() -> None:
     set_here = set(config_map["data"])
     set_here |= {env["name"] for _, c in pod_containers() for env in c.get("env", [])}
     set_here |= set(compose()["x-app"]["environment"])
-    # The secret the README and kustomization.yaml tell operators to create.
+    # The secret docs/workers.md and kustomization.yaml tell operators to create.
     kustomization = (K8S / "kustomization.yaml").read_text()
     secret = set(re.findall(r"--from-literal=([A-Z_]+)=", kustomization))
     assert secret == {"DATABASE_URL", "DJANGO_SECRET_KEY", "JOBS_METRICS_TOKEN"}

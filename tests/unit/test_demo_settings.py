@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SECRET_KEY = "prod-" + secrets.token_urlsafe(48)
 METRICS_TOKEN = "metrics-" + secrets.token_urlsafe(16)
 DB_PASSWORD = "db-" + secrets.token_urlsafe(12)
-# What the README's "Deploying the demo safely" tells an operator to set.
+# What docs/settings.md's "Deploying the demo" tells an operator to set.
 PRODUCTION = {
     "DJANGO_SECRET_KEY": SECRET_KEY,
     "DJANGO_ALLOWED_HOSTS": "jobs.example.com",

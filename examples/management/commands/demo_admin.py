@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-# Published in the README: fine for a laptop, refused with DEBUG off.
+# Published in docs/operators.md: fine for a laptop, refused with DEBUG off.
 DEFAULT_PASSWORD = "admin-demo-password"
 MIN_LENGTH = 12
 
