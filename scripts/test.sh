@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the type check,
-# the portability check, tests on PostgreSQL (unit, db, real processes, Kafka, browser,
+# the portability check, the package check (sdist and wheel, twine), tests on PostgreSQL (unit, db, real processes, Kafka, browser,
 # the host-project install), then the unit/db tests again on SQLite with the newest
 # Django and with Django 5.2 LTS, then docker/ (scripts/docker-test.sh).
 #
@@ -58,6 +58,22 @@ step() {  # step NAME CMD...: run, record the exit code, never abort
 step "ruff" "$PY" -m ruff check .
 step "mypy" "$PY" -m mypy  # jobs_engine, strict, with the django-stubs plugin ([tool.mypy])
 step "portable" bash "$ROOT/scripts/check-portable.sh"
+
+# What PyPI would get: the sdist, and the wheel built from it (so a file the sdist leaves
+# out fails here, not in a user's pip install), with the venv's setuptools (no download),
+# into a directory of its own; then twine's check, warnings included, of their metadata
+# (the README as the long description renders, the required fields are there).
+package() {
+    local out rc=0
+    out="$(mktemp -d)"
+    "$PY" -m build --no-isolation --outdir "$out" "$ROOT" >/dev/null || rc=$?
+    if (( rc == 0 )); then
+        "$PY" -m twine check --strict "$out"/*.tar.gz "$out"/*.whl || rc=$?
+    fi
+    rm -rf "$out"
+    return "$rc"
+}
+step "package" package
 
 if [[ -n "$PG_URL" ]]; then
     step "pytest (postgres)" env DATABASE_URL="$PG_URL" \
