@@ -143,8 +143,7 @@ def reset() -> None:
     """Empty the queue between phases (workers are stopped by then)."""
     for table in (store.JOBS, store.DONE_JOBS, store.INFLIGHT):
         sql(f"TRUNCATE {table}" if store.is_postgres() else f"DELETE FROM {table}")
-    sql(f"UPDATE {store.PARTITIONS} SET owner = NULL, lease_until = NULL, inflight_ids = %s, "
-        "inflight_token = NULL", ["[]"])
+    sql(f"UPDATE {store.PARTITIONS} SET owner = NULL, lease_until = NULL")
     sql(f"DELETE FROM {store.WORKERS}")
     sql(f"DELETE FROM {store.PAUSES}")
     analyze()

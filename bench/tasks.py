@@ -106,8 +106,8 @@ def ours_done() -> int:
     """Runs of ours' queue that ended OK, from the engine's hourly statistics (written
     after each outcome commits): the completed jobs kept are capped by the queue's
     ``keep_completed``, the statistics are not."""
-    return int(sql(f"SELECT COALESCE(SUM(count), 0) FROM {store.JOB_STATS} WHERE target = %s "
-               "AND outcome = 'ok'", [target_name(OURS, QUEUE)])[0][0])
+    return int(sql(f"SELECT COALESCE(SUM(count), 0) FROM {store.JOB_STAT_SHARDS} "
+               "WHERE target = %s AND outcome = 'ok'", [target_name(OURS, QUEUE)])[0][0])
 
 
 _ours_done_before = 0

@@ -10,6 +10,11 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any
 
+# The release's version, written here only: the package's metadata takes it from here
+# (pyproject.toml's ``[tool.setuptools.dynamic]``), so the running code and the installed
+# distribution cannot disagree, and it is right in a checkout that was never installed.
+__version__ = "0.1.0"
+
 _PUBLIC = {
     # enqueue, inside the caller's transaction
     "enqueue": "jobs_engine.enqueueing",

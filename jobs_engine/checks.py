@@ -3,7 +3,6 @@ with a traceback at first use."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from django.core import checks
@@ -13,9 +12,7 @@ from jobs_engine.errors import InvalidSettings
 
 @checks.register("jobs_engine")
 def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from django.conf import settings
-
-    from jobs_engine.conf import RETIRED, load_settings
+    from jobs_engine.conf import load_settings
     from jobs_engine.tenancy import check_resolver
 
     try:
@@ -33,9 +30,4 @@ def check_jobs_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         if unusable is not None:
             found.append(checks.Error(unusable, id="jobs_engine.E003", obj="JOBS",
                                       hint="give the dotted path of a function of the request"))
-    given = getattr(settings, "JOBS", {})
-    found += [
-        checks.Warning(f"JOBS[{name!r}] no longer applies: {why}", id="jobs_engine.W001",
-                       obj="JOBS", hint="remove it; give register_target(policy=...) instead")
-        for name, why in RETIRED.items() if name in given or f"JOBS_{name}" in os.environ]
     return found

@@ -144,10 +144,6 @@ _NUMBERS = {"int": "whole number", "float": "number",
 _OTHERS: dict[str, tuple[type, str]] = {"bool": (bool, "True or False"),
                                          "str": (str, "a string")}
 _NUMBER_LISTS = {"IDLE_POLL_S"}
-# Settings of earlier releases that no longer apply: retries follow each target's
-# JobPolicy. Still accepted (a warning at start-up says so), never used.
-RETIRED = {"MAX_ATTEMPTS": "retries follow each target's JobPolicy (attempts)",
-           "RETRY_DELAYS": "retries follow each target's JobPolicy (backoff_s, doubled)"}
 
 
 def _parse_env(name: str, raw: str, default: Any) -> Any:
@@ -181,7 +177,7 @@ def load_settings(overrides: dict[str, Any] | None = None,
     env: Mapping[str, str] = os.environ if environ is None else environ
     defaults = JobsSettings()
     known = {f.name for f in dataclasses.fields(JobsSettings)}
-    unknown = sorted(set(given) - known - _SECTIONS - set(RETIRED))
+    unknown = sorted(set(given) - known - _SECTIONS)
     if unknown:
         raise InvalidSettings(f"JOBS has unknown settings: {', '.join(map(str, unknown))} (an "
                               "app that reads a section of JOBS must be in INSTALLED_APPS)")

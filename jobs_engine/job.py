@@ -40,13 +40,3 @@ class Job(NamedTuple):
     def payload(self) -> Any:
         return json.loads(self.payload_json) if self.payload_json is not None else None
 
-
-class RawPayloadJob(Job):
-    """A job of a target registered with the deprecated ``payload_json=True``: its
-    ``payload`` is the stored text, as that option promised."""
-
-    __slots__ = ()
-
-    @property
-    def payload(self) -> Any:
-        return self.payload_json

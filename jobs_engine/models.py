@@ -61,9 +61,8 @@ class Job(models.Model):
     actor = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
-    # Long lane: among due jobs a higher priority runs first. Database-side defaults: a
-    # worker of the previous release, still running during a rolling upgrade, inserts
-    # rows without these columns.
+    # Long lane: among due jobs a higher priority runs first. A database-side default as
+    # well: an insert in SQL that leaves the column out (the bench's bulk loads) gets 0.
     priority = models.SmallIntegerField(default=0, db_default=0,
                                         help_text="Long lane: -100..100, higher runs first.")
     tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
@@ -243,15 +242,11 @@ class RegisteredTarget(models.Model):
 
 class Partition(models.Model):
     """A fast-lane partition lease: one owner at a time, renewed by heartbeat. The
-    in-flight marks of its rows are ``InflightMark`` rows; ``inflight_ids`` and
-    ``inflight_token`` hold those of workers of earlier releases, which a takeover still
-    judges."""
+    in-flight marks of its rows are ``InflightMark`` rows."""
 
     partition = models.SmallIntegerField(primary_key=True)
     owner = models.CharField(max_length=200, null=True, blank=True, db_index=True)
     lease_until = models.DateTimeField(null=True, blank=True)
-    inflight_ids = models.JSONField(default=list, blank=True)
-    inflight_token = models.CharField(max_length=32, null=True, blank=True)
 
     def __str__(self) -> str:
         return f"partition {self.partition}"
@@ -298,8 +293,7 @@ class Worker(models.Model):
     pid = models.IntegerField(default=0)
     lanes = models.CharField(max_length=50, blank=True, default="")
     # Database outages this process rode out (written at its first beat after each one).
-    # Database-side defaults: a worker of the previous release, still running during a
-    # rolling upgrade, inserts its row without these columns.
+    # Database-side defaults as well: a row inserted in SQL that leaves them out is valid.
     db_outages = models.IntegerField(default=0, db_default=0)
     last_db_outage_at = models.DateTimeField(null=True, blank=True)
     last_db_outage_s = models.FloatField(default=0.0, db_default=0.0)
@@ -333,24 +327,16 @@ class VersionCounter(models.Model):
 
 
 class JobStat(models.Model):
-    """Runs per hour, target and outcome (ok, retried, paused, dead) as workers of the
-    first release (0.1.0) count them, into one row per bucket; kept so those workers go on
-    counting during a rolling upgrade. Workers of later releases count into
-    ``JobStatShard``. The admin's statistics and ``/metrics`` read both."""
-
-    hour = models.DateTimeField(help_text="Start of the hour (UTC).")
-    target = models.CharField(max_length=200)
-    outcome = models.CharField(max_length=16)
-    count = models.BigIntegerField(default=0)
+    """No table: the admin's statistics page (runs per hour, target and outcome), computed
+    from ``JobStatShard`` (``operators.admin``), like ``RegisteredTarget``'s list of targets:
+    a model gives the page its place, URL and view permission among the engine's others."""
 
     class Meta:
-        constraints = [
-            # The upsert's conflict target; its index also serves "the last 48 hours".
-            models.UniqueConstraint(fields=["hour", "target", "outcome"], name="job_stats_bucket"),
-        ]
+        managed = False
+        db_table = "jobs_engine_jobstat"  # never created, never queried
 
     def __str__(self) -> str:
-        return f"{self.hour:%Y-%m-%d %H:00} {self.target} {self.outcome}={self.count}"
+        return "job runs"
 
 
 class JobStatShard(models.Model):
@@ -362,9 +348,7 @@ class JobStatShard(models.Model):
     commit, so every worker's outcome writes waited for the others' (17-30% of three
     long-lane workers' running time); and while another session holds an old snapshot,
     every update of a row leaves a version behind that each later update walks past (after
-    three drains of 20,000 jobs, a millisecond an upsert). A table of its own, so
-    ``JobStat`` keeps its bucket, which workers of the first release still add to while a
-    new release rolls out."""
+    three drains of 20,000 jobs, a millisecond an upsert)."""
 
     FOLDED = -1  # the shard retention adds a bucket's shards into
 

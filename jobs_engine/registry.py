@@ -7,9 +7,8 @@ business apps register their targets here.
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from jobs_engine.errors import DuplicateTarget, InvalidJob, InvalidPolicy, UnknownTarget
@@ -42,10 +41,6 @@ class Target:
     # Fast lane: rows of this target read in one poll, and so handed in one send when
     # sends take the whole poll (a batch handler, at-least-once). None: JOBS FAST_BATCH.
     batch_size: int | None = None
-    # Deprecated: handlers of this target get ``job.payload`` as the stored JSON text. Every
-    # job now carries that text as ``job.payload_json`` and decodes ``payload`` only when
-    # read, so a forwarding handler reads ``payload_json`` instead.
-    payload_json: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
 
 
@@ -71,18 +66,13 @@ def register_target(
     lossy: bool = False,
     exclusive: bool = False,
     policy: JobPolicy | None = None,
-    max_attempts: int | None = None,
-    retry_delays: Sequence[float] | None = None,
     batch_handler: BatchHandler | None = None,
     batch_size: int | None = None,
-    payload_json: bool = False,
 ) -> Target:
     """Register a target; every check runs before the registry changes.
 
     ``policy`` (a ``JobPolicy``; ``DEFAULT_POLICY`` when omitted) is the one way to set a
-    target's retries and how many of its jobs are kept. ``max_attempts`` and
-    ``retry_delays`` are deprecated: they build a policy (``attempts``, and ``backoff_s``
-    from the first delay, doubled from there) and warn.
+    target's retries and how many of its jobs are kept.
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidJob("name", "must be a non-empty string")
@@ -106,19 +96,15 @@ def register_target(
     if batch_size is not None and (isinstance(batch_size, bool)
                                    or not isinstance(batch_size, int) or batch_size < 1):
         raise InvalidJob("batch_size", f"must be an integer >= 1, got {batch_size!r}")
-    for flag, value in (("lossy", lossy), ("exclusive", exclusive),
-                        ("payload_json", payload_json)):
+    for flag, value in (("lossy", lossy), ("exclusive", exclusive)):
         if not isinstance(value, bool):  # "no" or 0 would pass a truth test the wrong way
             raise InvalidJob(flag, f"must be True or False, got {value!r}")
-    if payload_json:
-        warnings.warn("register_target(payload_json=True) is deprecated: every job carries "
-                      "its stored JSON text as job.payload_json (job.payload is decoded only "
-                      "when read); read that instead", DeprecationWarning, stacklevel=2)
-    policy = _policy(policy, max_attempts, retry_delays)
+    if policy is not None and not isinstance(policy, JobPolicy):
+        raise InvalidPolicy("policy", f"must be a JobPolicy, got {type(policy).__name__}")
     target = Target(
         name=name, handler=handler, lane=lane, delivery_mode=delivery_mode, lossy=lossy,
-        exclusive=exclusive, policy=policy, batch_handler=batch_handler,
-        batch_size=batch_size, payload_json=payload_json,
+        exclusive=exclusive, policy=policy or DEFAULT_POLICY, batch_handler=batch_handler,
+        batch_size=batch_size,
     )
     with _lock:
         if name in _targets:
@@ -126,33 +112,6 @@ def register_target(
         _targets[name] = target
         _of_lane.clear()
     return target
-
-
-def _policy(policy: JobPolicy | None, max_attempts: int | None,
-            retry_delays: Sequence[float] | None) -> JobPolicy:
-    """The target's policy; the deprecated ``max_attempts``/``retry_delays`` build one."""
-    if policy is not None and not isinstance(policy, JobPolicy):
-        raise InvalidPolicy("policy", f"must be a JobPolicy, got {type(policy).__name__}")
-    if max_attempts is None and retry_delays is None:
-        return policy or DEFAULT_POLICY
-    if policy is not None:
-        raise InvalidPolicy("policy", "give a policy, or the deprecated max_attempts / "
-                                      "retry_delays, not both")
-    warnings.warn("register_target(max_attempts=..., retry_delays=...) is deprecated: give "
-                  "policy=JobPolicy(attempts=..., backoff_s=...)", DeprecationWarning,
-                  stacklevel=3)
-    delays = list(retry_delays) if retry_delays is not None else []
-    if retry_delays is not None and (not delays or any(
-            isinstance(d, bool) or not isinstance(d, int | float) or d < 0 for d in delays)):
-        raise InvalidJob("retry_delays",
-                         f"must be a non-empty list of seconds >= 0, got {retry_delays!r}")
-    try:
-        return replace(DEFAULT_POLICY,
-                       attempts=DEFAULT_POLICY.attempts if max_attempts is None else max_attempts,
-                       backoff_s=delays[0] if delays else DEFAULT_POLICY.backoff_s)
-    except InvalidPolicy as exc:  # named after the argument the caller gave
-        field = "max_attempts" if exc.field == "attempts" else "retry_delays"
-        raise InvalidJob(field, exc.problem) from None
 
 
 def get_target(name: str) -> Target:

@@ -22,8 +22,10 @@ if ! "$VPY" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&
     "$PY" -m venv "$VENV"
 fi
 
-# Reinstall only when pyproject.toml changed (its hash names the stamp).
-SHA="$( (cat "$ROOT/pyproject.toml"; echo "$DJANGO_PIN") | sha1sum | cut -d' ' -f1)"
+# Reinstall only when pyproject.toml or the version (jobs_engine.__version__, which the
+# installed metadata copies) changed: their hash names the stamp.
+SHA="$( (cat "$ROOT/pyproject.toml"; grep '^__version__' "$ROOT/jobs_engine/__init__.py"
+         echo "$DJANGO_PIN") | sha1sum | cut -d' ' -f1)"
 STAMP="$VENV/.installed-$SHA"
 # editable_mode=compat: a plain .pth pointing at the repo. The default
 # (lenient) mode snapshots the package layout at install time, so a package

@@ -61,7 +61,7 @@ PG_BASE="$(bash "$ROOT/scripts/docker-base-image.sh" jobs-engine-postgres-base:t
 JRE="$(bash "$ROOT/scripts/docker-base-image.sh" jobs-engine-jre:trixie \
        openjdk-21-jre-headless,ca-certificates)"
 # The tag the compose file runs by default, and docs/workers.md builds: the project's version.
-VERSION="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/pyproject.toml")"
+VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$ROOT/jobs_engine/__init__.py")"
 APP_IMAGE="jobs-engine-demo:$VERSION"
 docker build -q -f "$ROOT/docker/Dockerfile" --build-arg "BASE_IMAGE=$BASE" \
     -t "$APP_IMAGE" "$ROOT" >/dev/null

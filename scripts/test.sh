@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from nothing: venv, PostgreSQL, chromium, lint, the type check,
-# the portability check, the documentation site (mkdocs.yml), tests on PostgreSQL (unit,
-# db, real processes, Kafka, browser, the host-project install), then the unit/db tests
-# again on SQLite with the newest Django and with Django 5.2 LTS, then docker/
-# (scripts/docker-test.sh).
+# the portability check, the documentation site (mkdocs.yml), the package check (sdist and
+# wheel, twine), tests on PostgreSQL (unit, db, real processes, Kafka, browser, the
+# host-project install), then the unit/db tests again on SQLite with the newest Django and
+# with Django 5.2 LTS, then docker/ (scripts/docker-test.sh).
 #
 #   scripts/test.sh [pytest args...]     (args go to both pytest runs)
 #   KEEP_PG=1 scripts/test.sh            keep a postgres we started running
@@ -64,6 +64,22 @@ step "portable" bash "$ROOT/scripts/check-portable.sh"
 DOCS_SITE="$(mktemp -d)"
 step "docs" "$PY" -m mkdocs build --strict --site-dir "$DOCS_SITE"
 rm -rf "$DOCS_SITE"
+
+# What PyPI would get: the sdist, and the wheel built from it (so a file the sdist leaves
+# out fails here, not in a user's pip install), with the venv's setuptools (no download),
+# into a directory of its own; then twine's check, warnings included, of their metadata
+# (the README as the long description renders, the required fields are there).
+package() {
+    local out rc=0
+    out="$(mktemp -d)"
+    "$PY" -m build --no-isolation --outdir "$out" "$ROOT" >/dev/null || rc=$?
+    if (( rc == 0 )); then
+        "$PY" -m twine check --strict "$out"/*.tar.gz "$out"/*.whl || rc=$?
+    fi
+    rm -rf "$out"
+    return "$rc"
+}
+step "package" package
 
 if [[ -n "$PG_URL" ]]; then
     step "pytest (postgres)" env DATABASE_URL="$PG_URL" \

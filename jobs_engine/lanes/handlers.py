@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from jobs_engine.conf import jobs_settings
 from jobs_engine.context import job_context
 from jobs_engine.errors import InvalidResult
-from jobs_engine.job import Job, RawPayloadJob
+from jobs_engine.job import Job
 from jobs_engine.registry import Target
 from jobs_engine.text import json_text
 
@@ -30,11 +30,6 @@ class Handed(NamedTuple):
 _RETURNED_NOTHING = Handed(None)  # the hot path's answer: one object for every success
 
 
-def _as_handed(target: Target, job: Job) -> Job:
-    # The deprecated ``payload_json=True`` promised the stored text as ``job.payload``.
-    return RawPayloadJob(*job) if target.payload_json else job
-
-
 def _result(target: Target, value: Any) -> Handed:
     if value is None:
         return _RETURNED_NOTHING
@@ -48,7 +43,7 @@ def _result(target: Target, value: Any) -> Handed:
 def call_handler(target: Target, job: Job) -> Handed:
     with job_context(job.trace_id, {"via": "system", "origin": job.actor}, job.tenant_id):
         try:
-            value = target.handler(_as_handed(target, job))
+            value = target.handler(job)
         except Exception as exc:  # every failure is an outcome, never a crashed worker
             return Handed(exc)
     return _result(target, value)
@@ -57,13 +52,12 @@ def call_handler(target: Target, job: Job) -> Handed:
 def call_batch_handler(target: Target, jobs: Sequence[Job]) -> list[Handed]:
     """The batch handler returns, per job and in order, an exception or a result."""
     assert target.batch_handler is not None
-    handed = [RawPayloadJob(*job) for job in jobs] if target.payload_json else jobs
     # Jobs it enqueues belong to the send's tenant, when every job of the send has one.
     tenants = {job.tenant_id for job in jobs}
     tenant = next(iter(tenants)) if len(tenants) == 1 else None
     with job_context(jobs[0].trace_id, {"via": "system"}, tenant):
         try:
-            values = list(target.batch_handler(handed))
+            values = list(target.batch_handler(jobs))
         except Exception as exc:
             return [Handed(exc)] * len(jobs)
     if len(values) != len(jobs):

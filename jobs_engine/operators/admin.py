@@ -628,8 +628,8 @@ def target_totals(now: datetime, scope: Scope = PLATFORM) -> list[dict[str, Any]
 class JobStatAdmin(ManagedAdmin[JobStat]):
     """Runs per hour, target and outcome, of the user's tenant: a chart of the last
     ``CHART_HOURS`` (``?target=`` narrows it) and each target's totals over them. One page
-    computed from the statistics' tables, not a list of their rows: a bucket's runs are
-    spread over its shards and, while a rolling upgrade lasts, over ``JobStat``."""
+    computed from the statistics' shards (``JobStatShard``), not a list of their rows: a
+    bucket's runs are spread over its shards until retention folds them."""
 
     tenant_field = None
 

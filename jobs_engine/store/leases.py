@@ -17,7 +17,6 @@ from jobs_engine.store.dialect import (
     execute,
     fetch,
     in_,
-    jsonb,
     read_dt,
     read_json,
     values_,
@@ -61,8 +60,8 @@ __all__ = [
 
 def partitions_seed(count: int) -> int:
     """Create partition rows 0..count-1 that are missing; safe for many workers at once."""
-    rows, params = values_([(number, "[]") for number in range(count)])
-    return execute(f"INSERT INTO {PARTITIONS} (partition, inflight_ids) {rows} "
+    rows, params = values_([(number,) for number in range(count)])
+    return execute(f"INSERT INTO {PARTITIONS} (partition) {rows} "
                    "ON CONFLICT (partition) DO NOTHING", params)
 
 
@@ -130,16 +129,14 @@ def partition_owner_counts(now: datetime) -> dict[str, int]:
 @dataclass(frozen=True)
 class TakenPartition:
     partition: int
-    inflight_ids: list[int]
-    inflight_token: str | None
 
 
 def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenPartition | None:
     """Take one partition that has no owner or an expired lease.
 
     One conditional UPDATE per take: the guard repeats the "free" test, so two workers
-    racing for a partition cannot both win. Returns the previous in-flight mark so the
-    new owner can judge it.
+    racing for a partition cannot both win. The new owner then judges the in-flight marks
+    its previous owners left (``inflight_close_after_takeover``).
     """
     free = fetch(
         f"SELECT partition FROM {PARTITIONS} WHERE owner IS NULL OR lease_until IS NULL "
@@ -149,12 +146,11 @@ def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenParti
         rows = fetch(
             f"UPDATE {PARTITIONS} SET owner = %s, lease_until = %s WHERE partition = %s "
             "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %s) "
-            "RETURNING partition, inflight_ids, inflight_token",
+            "RETURNING partition",
             [owner, dt(now + timedelta(seconds=lease_s)), number, dt(now)],
         )
         if rows:
-            number, ids, token = rows[0]
-            return TakenPartition(number, [int(i) for i in read_json(ids) or []], token)
+            return TakenPartition(rows[0][0])
     return None
 
 
@@ -178,8 +174,7 @@ def partitions_release_owned(owner: str) -> int:
 def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
                                   own_tokens: Collection[str] = ()) -> list[ClosedJob]:
     """Judge the rows the previous owners left in flight in the partition just taken (its
-    ``InflightMark`` rows, removed here, and the mark a worker of an earlier release kept
-    on the partition's row).
+    ``InflightMark`` rows, removed here).
 
     A row whose outcome was written under its mark's token is left alone. At-most-once
     rows go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent
@@ -192,8 +187,6 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
         (token, [int(i) for i in read_json(ids) or []]) for token, ids in fetch(
             f"DELETE FROM {INFLIGHT} WHERE partition = %s AND NOT ({own}) "
             "RETURNING token, ids", [taken.partition, *own_params])]
-    if taken.inflight_token and taken.inflight_token not in own_tokens:
-        marks.append((taken.inflight_token, taken.inflight_ids))
     closed: list[ClosedJob] = []
     for token, ids in marks:
         if not ids:
@@ -208,10 +201,6 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
              *params, taken.partition, *TAKEOVER_PRESUMED_DEAD.source_values,
              DeliveryMode.AT_MOST_ONCE.value, token],
         ), TAKEOVER_REASON)
-    if taken.inflight_token and taken.inflight_token not in own_tokens:
-        execute(f"UPDATE {PARTITIONS} SET inflight_ids = {jsonb()}, inflight_token = NULL "
-                "WHERE partition = %s AND inflight_token = %s",
-                ["[]", taken.partition, taken.inflight_token])
     return closed
 
 

@@ -36,7 +36,6 @@ from jobs_engine.store.queue import (
     FLOWS,
     INFLIGHT,
     JOB_STAT_SHARDS,
-    JOB_STATS,
     JOBS,
     PARTITIONS,
     WORKERS,
@@ -148,19 +147,16 @@ class JobState:
 
 def _in_flight() -> str:
     """SQL true while the ``JOBS`` row being tested is marked in flight (an
-    ``InflightMark`` of its partition, or its partition's mark of an earlier release)."""
-    return (f"(EXISTS (SELECT 1 FROM {INFLIGHT} m WHERE m.partition = {JOBS}.partition "
-            f"AND {json_array_has('m.ids', f'{JOBS}.id')}) "
-            f"OR EXISTS (SELECT 1 FROM {PARTITIONS} p WHERE p.partition = {JOBS}.partition "
-            f"AND {json_array_has('p.inflight_ids', f'{JOBS}.id')}))")
+    ``InflightMark`` of its partition)."""
+    return (f"EXISTS (SELECT 1 FROM {INFLIGHT} m WHERE m.partition = {JOBS}.partition "
+            f"AND {json_array_has('m.ids', f'{JOBS}.id')})")
 
 
 def inflight_rows_sql() -> str:
     """SQL for the rows in flight in the partition of the ``PARTITIONS`` row being read
     (the admin's partitions page)."""
     return (f"(SELECT COALESCE(SUM({json_array_length('m.ids')}), 0) FROM {INFLIGHT} m "
-            f"WHERE m.partition = {PARTITIONS}.partition) "
-            f"+ {json_array_length(f'{PARTITIONS}.inflight_ids')}")
+            f"WHERE m.partition = {PARTITIONS}.partition)")
 
 
 def job_retry_if_dead(job_id: int, now: datetime) -> bool:
@@ -340,10 +336,6 @@ def flows_delete(flow_ids: Sequence[int]) -> int:
 # -- reads: statistics, metrics, counts ---------------------------------------------------
 
 
-# Every run counted: by the workers of the first release (``JobStat``, no tenant) and by
-# later ones (``JobStatShard``, folded or not).
-_ALL_STATS = (f"(SELECT hour, target, outcome, count FROM {JOB_STATS} UNION ALL "
-              f"SELECT hour, target, outcome, count FROM {JOB_STAT_SHARDS}) AS s")
 _FOLDED = JobStatShard.FOLDED
 
 
@@ -351,15 +343,11 @@ def job_stats_since(since: datetime, *, of_tenant: str | None = None
                     ) -> list[tuple[datetime, str, str, int]]:
     """(hour, target, outcome, count) of the hours from ``since`` on, oldest first; with
     ``of_tenant``, only that tenant's runs, else every run."""
-    if of_tenant is None:
-        source, params = _ALL_STATS, []
-    else:
-        source = (f"(SELECT hour, target, outcome, count FROM {JOB_STAT_SHARDS} "
-                  "WHERE tenant_id = %s) AS s")
-        params = [of_tenant]
-    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {source} WHERE hour >= %s "
+    tenant, params = ("AND tenant_id = %s", [of_tenant]) if of_tenant is not None else ("", [])
+    rows = fetch(f"SELECT hour, target, outcome, SUM(count) FROM {JOB_STAT_SHARDS} "
+                 f"WHERE hour >= %s {tenant} "
                  "GROUP BY hour, target, outcome ORDER BY hour, target, outcome",
-                 [*params, dt(since)])
+                 [dt(since), *params])
     return [(read_dt(h), t, o, int(c)) for h, t, o, c in rows]  # type: ignore[misc]  # hour is NOT NULL
 
 
@@ -389,7 +377,7 @@ def job_stats_fold_shards() -> int:
 def job_stats_totals() -> list[tuple[str, str, int]]:
     """(target, outcome, runs) of every tenant, summed over every hour kept."""
     return [(t, o, int(c)) for t, o, c in fetch(
-        f"SELECT target, outcome, SUM(count) FROM {_ALL_STATS} GROUP BY target, outcome "
+        f"SELECT target, outcome, SUM(count) FROM {JOB_STAT_SHARDS} GROUP BY target, outcome "
         "ORDER BY target, outcome")]
 
 

@@ -31,7 +31,6 @@ from jobs_engine.models import (
     Flow,
     FlowStep,
     InflightMark,
-    JobStat,
     JobStatShard,
     Partition,
     TargetPause,
@@ -93,7 +92,6 @@ __all__ = [
     "INSERT_PAYLOADS_FUNCTION",
     "INSERT_ROWS_FUNCTION",
     "JOBS",
-    "JOB_STATS",
     "JOB_STAT_SHARDS",
     "LAST_ERROR_LIMIT",
     "NOTIFY_CHANNEL",
@@ -160,17 +158,17 @@ INFLIGHT = InflightMark._meta.db_table
 WORKERS = Worker._meta.db_table
 PAUSES = TargetPause._meta.db_table
 COUNTERS = VersionCounter._meta.db_table
-JOB_STATS = JobStat._meta.db_table
 JOB_STAT_SHARDS = JobStatShard._meta.db_table
 DONE_JOBS = CompletedJob._meta.db_table
 FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-INSERT_ROWS_FUNCTION = "jobs_engine_enqueue_rows"  # migration 0019 (0015, 0016 before it)
-INSERT_PAYLOADS_FUNCTION = "jobs_engine_enqueue_payloads"  # migration 0019: payloads only
-WAKE_FUNCTION = "jobs_engine_wake"  # migration 0019
-ENQUEUING_FUNCTION = "jobs_engine_enqueuing"  # migration 0020, as the three below
+# PostgreSQL's functions of the enqueue and the wake-ups, made by the engine's migration.
+INSERT_ROWS_FUNCTION = "jobs_engine_enqueue_rows"  # any rows
+INSERT_PAYLOADS_FUNCTION = "jobs_engine_enqueue_payloads"  # payloads of one target only
+WAKE_FUNCTION = "jobs_engine_wake"  # after the commit, when a worker waited
+ENQUEUING_FUNCTION = "jobs_engine_enqueuing"  # the insert's look at its lanes
 ASK_FUNCTION = "jobs_engine_ask"
 FAST_ENQUEUES_FUNCTION = "jobs_engine_fast_enqueues"
 
@@ -286,7 +284,7 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     new row of a key whose head waits for a retry starts at the head's run time: it is
     held until then anyway, and keeping held rows out of the due range keeps the fast
     poll's cost flat. Rows without a key skip that lookup. On PostgreSQL the rows go
-    through a function (migrations 0015, 0019), whose plan the session keeps. A batch
+    through a function (``INSERT_ROWS_FUNCTION``), whose plan the session keeps. A batch
     whose dedupe keys were all made by enqueue inserts without ``ON CONFLICT``: random
     keys conflict with nothing, and the arbiter's check, speculative insert and
     confirmation were an eighth of the insert.
@@ -307,8 +305,8 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
 
 
 def _row_values(row: NewJob, run_at: Any) -> tuple[Any, ...]:
-    """A row's values in ``_INSERT_COLUMNS``' order, the order of migration 0016's function
-    too, with ``run_at`` as the backend takes it."""
+    """A row's values in ``_INSERT_COLUMNS``' order, the order ``INSERT_ROWS_FUNCTION``
+    reads them in too, with ``run_at`` as the backend takes it."""
     return (row.code, row.target, row.lane, row.key, row.partition, row.version,
             row.payload_json, json_param(row.headers) if row.headers else "{}",
             row.dedupe_key, row.delivery_mode, run_at, row.trace_id,
@@ -321,8 +319,9 @@ def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter:
     """``jobs_insert_many`` on PostgreSQL: one call of a function, the rows one JSON text;
     with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every dedupe key, without. Its
     insert, each key's head lookup included, is planned once per session, prepared
-    statements or not (migration 0015); the call itself is prepared where the connection
-    allows it. The same statement asks whether a worker waits (``_ENQUEUING``)."""
+    statements or not (a PL/pgSQL function keeps its plans); the call itself is prepared
+    where the connection allows it. The same statement asks whether a worker waits
+    (``_ENQUEUING``)."""
     found = fetch_insert(
         f"SELECT r.job_id, r.job_dedupe_key, w.waiting FROM {INSERT_ROWS_FUNCTION}"
         f"(%s::jsonb, %s) AS r, {_ENQUEUING}",
@@ -333,7 +332,7 @@ def _jobs_insert_by_function(rows: Sequence[NewJob], using: str | None, arbiter:
     return inserted
 
 
-# The enqueue's look at its lanes (migration 0020): their lock, taken shared until its
+# The enqueue's look at its lanes (``ENQUEUING_FUNCTION``): their lock, taken shared until its
 # transaction ends, the fast-lane count, and whether a worker of them waits. A function
 # scan of its own, evaluated once per statement whatever the number of rows.
 _ENQUEUING = f"{ENQUEUING_FUNCTION}(%s::text[]) AS w(waiting)"
@@ -369,7 +368,7 @@ def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
     order, and whether a worker waits (``InsertedIds``).
 
     PostgreSQL only: the server makes each row's dedupe key, partition and, without
-    ``trace_id``, trace id (migrations 0014, 0016), so a batch costs Python its payloads'
+    ``trace_id``, trace id (``INSERT_PAYLOADS_FUNCTION``), so a batch costs Python its payloads'
     encoding and no more."""
     found = fetch_insert(
         f"SELECT r.id, w.waiting FROM {INSERT_PAYLOADS_FUNCTION}(%s, %s, %s, %s, %s, %s, "
@@ -398,7 +397,7 @@ def version_counter_next(key: str, using: str | None = None) -> int:
     return value
 
 
-# -- wake-ups (PostgreSQL, migration 0019) ------------------------------------------------
+# -- wake-ups (PostgreSQL: the wait and wake sequences and ``WAKE_FUNCTION``) -------------
 
 
 def _lane_sequence(kind: str, lane: str) -> str:
@@ -439,8 +438,8 @@ WAKE_PAYLOAD_MAX = 4000
 
 def wake_payload(lane: str, targets: Collection[str]) -> str:
     """A lane's NOTIFY payload: ``fast:["a","b"]`` names the fast-lane targets the poll
-    answering it reads; the lane alone, every target (a release before this one sends
-    that too)."""
+    answering it reads; the lane alone, every target (``workers_notify``'s, or a list too
+    long for a payload)."""
     if lane != Lane.FAST or not targets:
         return lane
     named = f"{lane}:{json.dumps(sorted(targets), separators=(',', ':'))}"

@@ -31,7 +31,7 @@ from jobs_engine.models import (
     CompletedJob,
     Flow,
     Job,
-    JobStat,
+    JobStatShard,
     Partition,
     TargetPause,
     Worker,
@@ -61,7 +61,7 @@ class Rows:
     pause: TargetPause
     partition: Partition
     worker: Worker
-    stat: JobStat
+    stat: JobStatShard
     record: AuditRecord
     schedule: Schedule
     failed_flow: Flow  # for a read and a retry
@@ -89,8 +89,8 @@ def rows(targets: Any) -> Iterator[Rows]:
                                          lease_until=now + timedelta(seconds=30))
     worker = Worker.objects.create(worker_id="w-1:1:a", heartbeat_at=now, started_at=now,
                                    hostname="host", pid=1, lanes="fast")
-    stat = JobStat.objects.create(hour=now.replace(minute=0, second=0, microsecond=0),
-                                  target="access.t", outcome="ok", count=3)
+    stat = JobStatShard.objects.create(hour=now.replace(minute=0, second=0, microsecond=0),
+                                       target="access.t", outcome="ok", shard=0, count=3)
     record = audit(None, "retry", "job", job.id, ok=True)
     failed_flow = Flow.objects.get(id=flows.chain("access-failed", [flows.Step("a")]))
     failed_flow.steps.update(state=StepState.FAILED, last_error=f"{SECRET}-step-error")

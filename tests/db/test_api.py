@@ -14,7 +14,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from jobs_engine import store
-from jobs_engine.models import AuditRecord, InflightMark, Job, Partition
+from jobs_engine.models import AuditRecord, InflightMark, Job
 from jobs_engine.operators import queries
 from jobs_engine.operators.api import MAX_BODY_BYTES
 from jobs_engine.states import JobStatus
@@ -295,19 +295,13 @@ def test_cancel_a_long_row_not_started_and_409_once_started(client: Client, targ
     assert Job.objects.filter(id=started.id, status=JobStatus.RUNNING).exists()
 
 
-@pytest.mark.parametrize("mark", ["row", "release before"])
-def test_cancel_of_a_row_in_flight_is_409(client: Client, targets: Any, mark: str) -> None:
-    """Marked in flight by a worker (``InflightMark``), or by a worker of an earlier release
-    on its partition's row."""
+def test_cancel_of_a_row_in_flight_is_409(client: Client, targets: Any) -> None:
+    """Marked in flight by a worker (``InflightMark``)."""
     targets("api.cancel.inflight")
     job = make_job("api.cancel.inflight")
     store.partitions_seed(64)
-    if mark == "row":
-        InflightMark.objects.create(token="t", partition=job.partition, owner="w",
-                                    ids=[job.id - 1, job.id], marked_at=job.created_at)
-    else:
-        Partition.objects.filter(partition=job.partition).update(inflight_ids=[job.id],
-                                                                 inflight_token="t")
+    InflightMark.objects.create(token="t", partition=job.partition, owner="w",
+                                ids=[job.id - 1, job.id], marked_at=job.created_at)
 
     body = assert_error(client.post(f"{JOBS}/{job.id}/cancel"), 409, "invalid_status")
 

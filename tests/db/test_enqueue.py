@@ -536,10 +536,10 @@ def test_the_head_lookup_takes_the_key_order_index_at_any_size(
 @pytest.mark.django_db
 def test_without_the_insert_function_a_keyed_enqueue_fails_and_writes_nothing(
         fast: Target) -> None:
-    """A process of this release whose database lacks migration 0015 (the upgrade note
-    says to migrate first) must not insert its rows the way an older function would,
-    without their keys: the enqueue raises, naming the missing function, and writes
-    nothing. On SQLite there is no function; the keyed enqueue is the statement itself."""
+    """A database without the insert function (not migrated) makes the enqueue fail
+    loudly, naming the missing function, and write nothing: no other way of inserting the
+    rows is tried. On SQLite there is no function; the keyed enqueue is the statement
+    itself."""
     assert enqueue("t:fast", 1, key="k").inserted
     if not is_postgres():
         assert count_jobs() == 1
@@ -598,7 +598,7 @@ def test_a_batch_stores_every_value_as_given(targets: Targets, now: datetime,
     """A batch travels as one JSON text on PostgreSQL (as VALUES on SQLite): every column
     comes back as given, the unusual text, a run time in another zone (the same instant),
     a version past 32 bits, an actor and a priority included. On PostgreSQL the rows go
-    through the insert function (migration 0015)."""
+    through the insert function."""
     targets("t:fast")
     targets("t:long", lane="long")
     zone = timezone(timedelta(hours=5, minutes=30))
@@ -751,8 +751,8 @@ def test_a_batch_of_payloads_is_still_checked_and_writes_nothing_when_one_is_bad
 def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
         targets: Targets, key: str | None) -> None:
     """A dedupe key that enqueue makes is 128 random bits and can match no stored row, so a
-    batch of only such keys inserts without ``ON CONFLICT`` (on PostgreSQL the function of
-    migration 0015 is told so). One key given by the caller brings the arbiter back for its
+    batch of only such keys inserts without ``ON CONFLICT`` (on PostgreSQL the insert
+    function is told so). One key given by the caller brings the arbiter back for its
     batch: a duplicate still inserts nothing."""
     targets("t:fast")
     targets("t:long", lane="long")
@@ -1209,11 +1209,11 @@ GOOD_PAYLOAD: dict[str, Any] = {
 
 @TRANSACTIONAL
 def test_valid_unusual_text_round_trips(targets: Targets, now: datetime) -> None:
-    """Stored as given (read through the ORM), handed to a handler as given, and a
-    ``payload_json`` target's text decodes to it and carries the characters unescaped, as
-    PostgreSQL's jsonb gives them back, on both databases."""
+    """Stored as given (read through the ORM), handed to a handler as given, and the
+    job's ``payload_json`` (what a forwarding handler sends) decodes to it and carries the
+    characters unescaped, as PostgreSQL's jsonb gives them back, on both databases."""
     decoded = targets("t:decoded")
-    forwarded = targets("t:forwarded", payload_json=True)
+    forwarded = targets("t:forwarded")
     text = {"key": "order-😀", "code": "code-😀", "headers": {"h-😀": "v\\u0000😀"}}
     for name in ("t:decoded", "t:forwarded"):
         assert enqueue(name, GOOD_PAYLOAD, dedupe_key=f"{name}:😀", run_at=now, version=1,
@@ -1226,5 +1226,5 @@ def test_valid_unusual_text_round_trips(targets: Targets, now: datetime) -> None
     [got] = decoded.extra["calls"]
     assert (got.payload, got.key, got.headers) == (GOOD_PAYLOAD, text["key"], text["headers"])
     [sent] = forwarded.extra["calls"]
-    assert isinstance(sent.payload, str) and json.loads(sent.payload) == GOOD_PAYLOAD
-    assert "😀 snow ☃ é" in sent.payload
+    assert isinstance(sent.payload_json, str) and json.loads(sent.payload_json) == GOOD_PAYLOAD
+    assert "😀 snow ☃ é" in sent.payload_json

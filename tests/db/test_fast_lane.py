@@ -985,25 +985,6 @@ def test_a_poll_marks_and_clears_without_updating_a_partition_row(targets: Any,
     assert in_flight() == []
 
 
-def test_a_mark_of_a_worker_of_an_earlier_release_is_judged_on_takeover(
-        targets: Any, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
-    """A worker of the release before marked rows on its partition's row; a worker of
-    this release taking the partition over judges them as its own kind of mark."""
-    targets("fl.legacy")
-    at_most_once, kept = (put("fl.legacy", t0, key=key) for key in keys_in({40}, 2, "lg"))
-    store.partitions_seed(64)
-    Partition.objects.filter(partition=40).update(
-        owner="old-worker", lease_until=t0 + SECOND, inflight_ids=[at_most_once],
-        inflight_token="old-token")
-    make_worker("B").leases.heartbeat(t0 + 31 * SECOND)
-    judged = row(at_most_once)
-    assert (judged.status, judged.claim_token) == (JobStatus.DEAD, "old-token")
-    assert row(kept).status == JobStatus.PENDING
-    assert [s["job_id"] for s in dead_signals] == [at_most_once]
-    legacy = Partition.objects.get(partition=40)
-    assert (legacy.inflight_ids, legacy.inflight_token) == ([], None)
-
-
 def test_outcome_written_under_the_inflight_token_stays_as_written(
         targets: Any, t0: datetime, dead_signals: list[dict[str, Any]]) -> None:
     """A's outcomes are written under its token but its mark is still there (a crash
@@ -1368,8 +1349,7 @@ def test_a_busy_worker_reads_an_idle_target_once_rows_may_have_come_for_it(
 def test_a_wake_up_reads_the_targets_its_notifications_named(
         targets: Any, t0: datetime) -> None:
     """The poll answering a NOTIFY reads the targets it named (and those it found rows of
-    lately), not every registered one; a notification naming none (a release before
-    this one's) reads every target."""
+    lately), not every registered one; a notification naming none reads every target."""
     named = targets("fl.named", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
     other = targets("fl.other", delivery_mode=DeliveryMode.AT_LEAST_ONCE)
     worker = make_worker("A")

@@ -27,7 +27,7 @@ from jobs_engine.lanes.fast import FastLane
 from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
-from jobs_engine.models import CompletedJob, JobStat, JobStatShard, TargetPause
+from jobs_engine.models import CompletedJob, JobStatShard, TargetPause
 from jobs_engine.models import Job as JobModel
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
 from tests.helpers import FakeMonotonic
@@ -110,7 +110,7 @@ def test_successes_of_one_target_are_written_in_one_statement_with_their_statist
     writes: list[tuple[str, bool]] = []
 
     def count(execute: Any, sql: str, *args: Any) -> Any:
-        if "jobs_engine_jobstat" in sql:  # the outcome write: stats join it on PostgreSQL
+        if store.JOB_STAT_SHARDS in sql:  # the outcome write: stats join it on PostgreSQL
             writes.append((sql.split()[0], transaction.get_autocommit()))
         return execute(sql, *args)
 
@@ -314,12 +314,12 @@ def test_a_fast_sends_kept_jobs_start_at_their_finish_less_their_share_of_the_se
                                                     finished)}
 
 
-def test_the_statistics_readers_sum_the_buckets_and_their_shards(t0: datetime) -> None:
-    """A bucket's runs are in ``JobStat`` (added by a worker of the first release) and in
-    its shards, folded or not: the readers add them up."""
+def test_the_statistics_readers_sum_the_shards_of_a_bucket(t0: datetime) -> None:
+    """A bucket's runs are in its shards, folded or not: the readers add them up."""
     hour = t0.replace(minute=0, second=0, microsecond=0)
-    JobStat.objects.create(hour=hour, target="oc.sum", outcome="ok", count=3)
     JobStatShard.objects.bulk_create([
+        JobStatShard(hour=hour, target="oc.sum", outcome="ok", shard=JobStatShard.FOLDED,
+                     count=3),
         JobStatShard(hour=hour, target="oc.sum", outcome="ok", shard=7, count=4),
         JobStatShard(hour=hour, target="oc.sum", outcome="dead", shard=7, count=1)])
     assert [row for row in store.job_stats_since(hour) if row[1] == "oc.sum"] == [

@@ -25,7 +25,7 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.lanes.retention import RetentionCounts, RetentionService
 from jobs_engine.lanes.worker import WorkerProcess
-from jobs_engine.models import Job, JobStat, JobStatShard
+from jobs_engine.models import Job, JobStatShard
 from jobs_engine.operators import metrics
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job
@@ -190,11 +190,9 @@ def test_retention_runs_at_most_once_per_retention_s(targets: Any, now: datetime
 def test_retention_adds_the_statistics_shards_to_their_buckets(now: datetime) -> None:
     """Each session counts into its own shard of a bucket; a pass adds the shards into
     their bucket's FOLDED row (a tenant's apart) and removes them, counts unchanged; a
-    session counting again makes a new shard. A first-release worker's ``JobStat`` bucket
-    is left as it is and still counted."""
+    session counting again makes a new shard."""
     hour = hour_of(now)
     folded = JobStatShard.FOLDED
-    JobStat.objects.create(hour=hour - HOUR, target="st.fold", outcome="ok", count=2)
     JobStatShard.objects.bulk_create([
         JobStatShard(hour=hour - HOUR, target="st.fold", outcome="ok", shard=shard,
                      count=count) for shard, count in ((5, 3), (9, 4))] + [
@@ -212,8 +210,6 @@ def test_retention_adds_the_statistics_shards_to_their_buckets(now: datetime) ->
         "hour", "outcome", "tenant_id", "shard", "count")) == [
         (hour - HOUR, "dead", "", folded, 1), (hour - HOUR, "ok", "", folded, 7),
         (hour, "ok", "", folded, 18), (hour, "ok", "acme", folded, 6)]
-    assert list(JobStat.objects.filter(target="st.fold").values_list("count", flat=True)) \
-        == [2]
     assert [row for row in store.job_stats_since(hour - HOUR) if row[1] == "st.fold"] == sums
     assert store.job_stats_since(hour, of_tenant="acme") == [(hour, "st.fold", "ok", 6)]
     store.job_stats_add({store.StatBucket(hour, "st.fold", "ok", ""): 1})

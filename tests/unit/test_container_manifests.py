@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 import yaml
 from django.core.management import get_commands
 
+import jobs_engine
 from jobs_engine.conf import JobsSettings
 from jobs_engine.contrib.kafka.settings import ENV_KEYS
 
@@ -35,7 +35,7 @@ DOCKERFILE = (DOCKER / "Dockerfile").read_text()
 WORKER_ROLES = {"fast", "long", "schedules", "workers"}
 # A drain: a worker on SIGTERM finishes the rows in hand (docs/operations.md#commands).
 MIN_WORKER_GRACE_S = 120
-VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+VERSION = jobs_engine.__version__
 IMAGE_UID = int(re.search(r"useradd .*--uid (\d+)", DOCKERFILE)[1])
 # Where the image's processes write at run time: gunicorn's worker heartbeat files.
 WRITABLE = {"/tmp"}

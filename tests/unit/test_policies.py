@@ -1,6 +1,6 @@
 """JobPolicy: four knobs, frozen, nonsense refused at construction naming the knob; the
-shipped policies; how a policy turns failures into waits (``judge`` with an injected
-clock); and the deprecated per-target ``max_attempts``/``retry_delays`` shim."""
+shipped policies; and how a policy turns failures into waits (``judge`` with an injected
+clock)."""
 
 from __future__ import annotations
 
@@ -155,19 +155,6 @@ def test_a_policy_that_is_not_a_jobpolicy_is_refused_and_nothing_registered(bad:
     assert info.value.field == "policy"
     assert "must be a JobPolicy" in str(info.value)
     assert list(all_targets()) == before
-
-
-def test_the_deprecated_arguments_build_a_policy_and_warn() -> None:
-    with pytest.warns(DeprecationWarning, match="policy=JobPolicy"):
-        target = register_target(NAME, noop, lane=Lane.FAST, max_attempts=5,
-                                 retry_delays=[10, 20])
-    assert target.policy == dataclasses.replace(DEFAULT_POLICY, attempts=5, backoff_s=10)
-
-
-def test_a_policy_and_the_deprecated_arguments_together_are_refused() -> None:
-    with pytest.raises(InvalidPolicy) as info:
-        register_target(NAME, noop, lane=Lane.FAST, policy=RUN_ONCE_POLICY, max_attempts=2)
-    assert info.value.field == "policy"
 
 
 def test_a_policy_reads_as_its_tries_waits_and_keeps() -> None:

@@ -75,18 +75,10 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
     ("lane-unknown", {"lane": "medium"}, "lane"),
     ("lane-none", {"lane": None}, "lane"),
     ("mode-unknown", {"delivery_mode": "exactly_once"}, "delivery_mode"),
-    # The deprecated arguments (they build a policy) are still checked, naming themselves.
-    ("max-attempts-zero", {"max_attempts": 0}, "max_attempts"),
-    ("max-attempts-negative", {"max_attempts": -2}, "max_attempts"),
-    ("max-attempts-text", {"max_attempts": "3"}, "max_attempts"),
-    ("retry-delays-negative", {"retry_delays": [60, -1]}, "retry_delays"),
-    ("retry-delays-empty", {"retry_delays": []}, "retry_delays"),
-    ("retry-delays-text", {"retry_delays": ["1m"]}, "retry_delays"),
     ("batch-handler-not-callable", {"batch_handler": 42}, "batch_handler"),
     ("batch-size-zero", {"batch_size": 0}, "batch_size"),
     ("batch-size-text", {"batch_size": "500"}, "batch_size"),
     ("batch-size-bool", {"batch_size": True}, "batch_size"),
-    ("payload-json-text", {"payload_json": "yes"}, "payload_json"),
     ("lossy-text", {"lossy": "no"}, "lossy"),
     ("lossy-int", {"lossy": 1}, "lossy"),
     ("exclusive-text", {"exclusive": "false"}, "exclusive"),
@@ -94,7 +86,6 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.filterwarnings("ignore:register_target\\(max_attempts:DeprecationWarning")
 @pytest.mark.parametrize(("bad", "field"), [(b, f) for _, b, f in BAD],
                          ids=[name for name, _, _ in BAD])
 def test_bad_registration_raises_before_the_registry_changes(bad: dict[str, Any], field: str
@@ -155,8 +146,7 @@ def test_unknown_target_names_it() -> None:
 
 def test_a_job_decodes_its_payload_when_read_and_keeps_the_stored_text() -> None:
     """The store reads a row straight into ``Job``: ``payload`` is decoded from
-    ``payload_json`` at each access, and a deprecated ``payload_json=True`` target's handlers
-    still get the text as ``payload``."""
+    ``payload_json`` at each access; a handler that forwards the text reads ``payload_json``."""
     from jobs_engine.lanes.handlers import call_handler
 
     job = Job(1, "t", "c", "k", 2, '{"p": 1}', {"h": "v"}, 3, "tr", "dk", {"a": 1}, None, 5,
@@ -165,16 +155,22 @@ def test_a_job_decodes_its_payload_when_read_and_keeps_the_stored_text() -> None
     assert job._replace(payload_json=None).payload is None
     seen: list[object] = []
     decoded = Target(name="t:decoded", handler=lambda j: seen.append(j.payload), lane=Lane.FAST)
-    raw = Target(name="t:raw", handler=lambda j: seen.append(j.payload), lane=Lane.FAST,
-                 payload_json=True)
+    raw = Target(name="t:raw", handler=lambda j: seen.append(j.payload_json), lane=Lane.FAST)
     assert call_handler(decoded, job).error is None and call_handler(raw, job).error is None
     assert seen == [{"p": 1}, '{"p": 1}']
 
 
-def test_payload_json_true_is_deprecated_naming_what_to_read() -> None:
-    with pytest.warns(DeprecationWarning, match="job.payload_json"):
-        register_target("t:deprecated-raw", noop, lane="fast", payload_json=True)
-    unregister_target("t:deprecated-raw")
+@pytest.mark.parametrize("removed", [{"max_attempts": 3}, {"retry_delays": [60]},
+                                     {"payload_json": True}], ids=lambda kw: next(iter(kw)))
+def test_keywords_before_the_first_release_are_refused_by_python(removed: dict[str, Any]
+                                                                 ) -> None:
+    """``max_attempts``/``retry_delays`` (a ``JobPolicy`` says it) and ``payload_json``
+    (every job carries ``job.payload_json``) never shipped: Python's own TypeError names the
+    keyword, and nothing is registered."""
+    before = snapshot()
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{next(iter(removed))}'"):
+        register_target(NAME, noop, lane=Lane.FAST, **removed)
+    assert snapshot() == before
 
 
 

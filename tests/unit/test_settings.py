@@ -256,14 +256,9 @@ def test_workers_off_settings_object() -> None:
 
 
 @pytest.mark.parametrize("name", ["MAX_ATTEMPTS", "RETRY_DELAYS"])
-def test_a_retired_setting_is_accepted_with_a_warning_naming_it(settings: Any, name: str,
-                                                                monkeypatch: pytest.MonkeyPatch
-                                                                ) -> None:
-    """Retries are each target's JobPolicy now: the old setting is ignored, not an error that
-    would stop a deploy, and the warning says what replaces it."""
-    found = run_check(settings, {name: 6 if name == "MAX_ATTEMPTS" else [60, 120]})
-    assert [(m.id, m.level) for m in found] == [("jobs_engine.W001", checks.WARNING)]
-    assert name in found[0].msg and "JobPolicy" in found[0].msg
-    assert not hasattr(load_settings({name: 1}, environ={}), name)
-    monkeypatch.setenv(f"JOBS_{name}", "3")
-    assert [m.id for m in run_check(settings, {})] == ["jobs_engine.W001"]
+def test_retry_settings_are_unknown_settings(settings: Any, name: str) -> None:
+    """Retries are each target's JobPolicy; engine-wide retry settings never shipped, so
+    these names are refused like any other unknown key."""
+    errors = run_check(settings, {name: 6 if name == "MAX_ATTEMPTS" else [60, 120]})
+    assert [e.id for e in errors] == ["jobs_engine.E001"]
+    assert f"unknown settings: {name}" in errors[0].msg
