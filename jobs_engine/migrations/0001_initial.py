@@ -3,11 +3,11 @@ and the wake-ups, which models do not express.
 
 The tables are ``makemigrations``' output (two of them, ``Worker`` and ``JobStatShard``, list
 their last columns in the order the schema has always had them; Django reads columns by name).
-The PostgreSQL objects, which ``jobs_engine.store.queue`` names and calls:
+The PostgreSQL objects, which ``jobs_engine.store`` names and calls:
 
 - ``jobs_engine_enqueue_rows(rows, arbiter)``: the enqueue's insert of any rows, keyed ones
   included, as one function whose plan the session keeps, prepared statements or not (a
-  transaction pooler). ``rows`` is a JSON array of arrays in ``store.queue._INSERT_COLUMNS``'
+  transaction pooler). ``rows`` is a JSON array of arrays in ``store.enqueue._INSERT_COLUMNS``'
   order; ``arbiter`` false when the enqueue made every dedupe key (no ``ON CONFLICT``). A new
   row of a key whose head waits for a retry starts at the head's run time, so a keyed row
   looks up its key's head; the function runs with sorts off (its own setting, only while it

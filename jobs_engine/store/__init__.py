@@ -1,13 +1,21 @@
-"""Every database operation of the engine, in three modules:
+"""Every database operation of the engine, one module per statement family:
 
-- ``queue``: the statements a job meets (enqueue, both lanes, outcomes);
+- ``enqueue``: rows inserted in the caller's transaction, and the wake-ups after its commit;
+- ``fast``: the fast lane's reads, marked in flight by the read;
+- ``long``: the long lane's reserve, start, renewal and rescue;
+- ``outcomes``: every outcome write of both lanes, under the holder's guard;
+- ``flows``: the flows' bookkeeping;
 - ``leases``: who may act (worker liveness, partition leases, in-flight marks, pauses);
-- ``operators``: those of the admin, the API, ``/metrics`` and retention;
+- ``control``: what operators see and do (the admin, the API, ``/metrics``, retention);
+- ``rows``: what the families share (tables, a lane's row, the state machine's edges);
+- ``planning``: the planner policy;
 - ``dialect``: the few pieces in which PostgreSQL and SQLite differ.
 
 Callers write ``store.<function>``; the lanes, leases and outcome code never write SQL.
 """
 
+from jobs_engine.store.control import *  # noqa: F403
+from jobs_engine.store.control import __all__ as _control
 from jobs_engine.store.dialect import (
     WOKEN_POLL_ROWS,
     db_now,
@@ -17,12 +25,23 @@ from jobs_engine.store.dialect import (
     table_row_estimate,
     writable_ctes,
 )
+from jobs_engine.store.enqueue import *  # noqa: F403
+from jobs_engine.store.enqueue import __all__ as _enqueue
+from jobs_engine.store.fast import *  # noqa: F403
+from jobs_engine.store.fast import __all__ as _fast
+from jobs_engine.store.flows import *  # noqa: F403
+from jobs_engine.store.flows import __all__ as _flows
 from jobs_engine.store.leases import *  # noqa: F403
 from jobs_engine.store.leases import __all__ as _leases
-from jobs_engine.store.operators import *  # noqa: F403
-from jobs_engine.store.operators import __all__ as _operators
-from jobs_engine.store.queue import *  # noqa: F403
-from jobs_engine.store.queue import __all__ as _queue
+from jobs_engine.store.long import *  # noqa: F403
+from jobs_engine.store.long import __all__ as _long
+from jobs_engine.store.outcomes import *  # noqa: F403
+from jobs_engine.store.outcomes import __all__ as _outcomes
+from jobs_engine.store.planning import *  # noqa: F403
+from jobs_engine.store.planning import __all__ as _planning
+from jobs_engine.store.rows import *  # noqa: F403
+from jobs_engine.store.rows import __all__ as _rows
 
 __all__ = ["WOKEN_POLL_ROWS", "db_now", "is_postgres", "poll_woken", "queue_busy",
-           "table_row_estimate", "writable_ctes", *_queue, *_leases, *_operators]
+           "table_row_estimate", "writable_ctes", *_rows, *_enqueue, *_fast, *_long,
+           *_outcomes, *_flows, *_planning, *_leases, *_control]

@@ -10,29 +10,37 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from jobs_engine.states import DeliveryMode
 from jobs_engine.store.dialect import (
     dt,
     execute,
     fetch,
+    for_share,
     in_,
+    json_param,
+    jsonb,
     read_dt,
     read_json,
+    table,
     values_,
 )
-from jobs_engine.store.queue import (
+from jobs_engine.store.rows import (
     CLOSED_COLUMNS,
     INFLIGHT,
     JOBS,
     PARTITIONS,
     PAUSES,
+    PENDING_VALUE,
     TAKEOVER_PRESUMED_DEAD,
     TAKEOVER_REASON,
     WORKERS,
     ClosedJob,
     closed_jobs,
     cut_error,
+    id_attempts_in,
+    lazy_flush_item,
 )
 
 # -- workers and partition leases --------------------------------------------------------
@@ -42,7 +50,10 @@ __all__ = [
     "OutageRecord",
     "PauseRow",
     "TakenPartition",
+    "inflight_clear",
     "inflight_close_after_takeover",
+    "inflight_mark_if_leased",
+    "jobs_still_pending",
     "partition_owner_counts",
     "partition_take_free",
     "partitions_release",
@@ -245,3 +256,68 @@ def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) ->
 
 def pause_clear(target: str) -> int:
     return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])
+# -- in-flight marks ----------------------------------------------------------------------
+
+
+def leased_partitions_sql(owner_param: str = "%s", partitions: str = "mark") -> str:
+    """The partitions of ``partitions`` whose live lease ``owner`` holds, locked until the
+    statement's commit: a takeover's update of the partition waits for a mark, and a mark
+    made after a takeover finds the partition another's (a mark is never left unjudged)."""
+    return (f"SELECT partition FROM {PARTITIONS} WHERE owner = {owner_param} "
+            f"AND lease_until > %s AND partition IN (SELECT partition FROM {partitions})"
+            f"{for_share()}")
+
+
+def inflight_mark_if_leased(owner: str, now: datetime, token: str,
+                            sending: Sequence[tuple[int, int, int]], *,
+                            flush_lazily: bool = False) -> set[int]:
+    """Record rows about to be handed to a target as in flight (``InflightMark``: a row per
+    partition), under the poll's token, in one statement for every partition of the send.
+
+    ``sending`` is the rows as (partition, id, attempts). A partition's rows are marked
+    only while ``owner`` holds a live lease on it and every row of it in ``sending`` is
+    still PENDING as read (a takeover or an admin may have closed one). Returns the
+    partitions marked; for the others send nothing, and ``jobs_still_pending`` tells a
+    lost lease from a closed row. ``flush_lazily`` (the rows are at least once): the
+    commit does not wait for its flush (``lazy_flush_item``).
+    """
+    ids_of: dict[int, list[int]] = {}
+    for partition, job_id, _ in sending:
+        ids_of.setdefault(partition, []).append(job_id)
+    marks, mark_params = table([(p, json_param(ids), len(ids)) for p, ids in ids_of.items()],
+                               ("int", "jsonb", "int"), arrays_from=1, as_json=True)
+    sent, sent_params = id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
+    # One text for any send (arrays), prepared: an at-most-once per-row target runs it once
+    # a row, and the server planned it at each call.
+    rows = fetch(
+        f"WITH mark(partition, ids, n) AS ({marks}), "
+        f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
+        f"WHERE status = %s AND {sent} GROUP BY partition), "
+        f"leased AS ({leased_partitions_sql()}) "
+        f"INSERT INTO {INFLIGHT} (token, partition, owner, ids, marked_at) "
+        f"SELECT %s, mark.partition, %s, {jsonb('mark.ids')}, %s FROM mark "
+        "JOIN live ON live.partition = mark.partition AND live.n = mark.n "
+        "WHERE mark.partition IN (SELECT partition FROM leased) RETURNING partition"
+        + lazy_flush_item(flush_lazily),
+        [*mark_params, PENDING_VALUE, *sent_params, owner, dt(now), token, owner, dt(now)],
+        prepare=True,
+    )
+    return {row[0] for row in rows}
+
+
+def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
+    """Ids of the (id, attempts) rows that are still PENDING as read."""
+    pending, params = id_attempts_in(rows)
+    return {row[0] for row in fetch(
+        f"SELECT id FROM {JOBS} WHERE status = %s AND {pending}", [PENDING_VALUE, *params])}
+
+
+def clear_inflight_sql(token: str) -> tuple[str, list[Any]]:
+    return f"DELETE FROM {INFLIGHT} WHERE token = %s", [token]
+
+
+def inflight_clear(token: str) -> None:
+    """Remove the in-flight marks a poll made (its outcomes are written)."""
+    execute(*clear_inflight_sql(token))
+
+

@@ -50,7 +50,7 @@ from jobs_engine.job import Job as HandlerJob
 from jobs_engine.lanes import lossy as lossy_lane
 from jobs_engine.models import Job, VersionCounter, Worker
 from jobs_engine.registry import Target
-from jobs_engine.store import queue as store_queue
+from jobs_engine.store import enqueue as store_enqueue
 from tests.conftest import is_postgres
 from tests.helpers import fast_poller
 
@@ -759,7 +759,7 @@ def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
     items = [{"target": "t:fast", "payload": {"i": 1}, "key": key, "version": 3,
               "headers": {"h": [1]}},
              {"target": "t:long", "payload": None, "priority": 5}]
-    spy = mock.patch.object(store_queue, "fetch_insert", wraps=store_queue.fetch_insert)
+    spy = mock.patch.object(store_enqueue, "fetch_insert", wraps=store_enqueue.fetch_insert)
     with job_context("trace-2", {"user": "u"}), CaptureQueriesContext(connection) as made, \
             spy as made_call:
         results = enqueue_many(items)

@@ -376,12 +376,12 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
     A worker pass that handed more rows than the planner believes the table holds has it
     analysed at once (``jobs_analyze_when_behind``), and the plans made again for the
     rows there are; at most once an ``ANALYZE_EVERY_S``, and not for a few rows."""
-    from jobs_engine.store import dialect, queue
+    from jobs_engine.store import dialect, planning
 
     clock = [7000.0]
     monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(queue, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(queue, "_analyzed_at", None)
+    monkeypatch.setattr(planning, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(planning, "_analyzed_at", None)
     monkeypatch.setattr(dialect, "_row_estimates", {})
     monkeypatch.setattr(dialect, "_busy", False)  # plans made again by the analyse only
     targets("ll.behind", handler=lambda job: None, lane="long")
@@ -394,7 +394,7 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
         if connection.vendor != "postgresql":  # no statistics, no plans kept
             assert not store.jobs_analyze_when_behind(3000)
             return
-        assert not store.jobs_analyze_when_behind(queue.BEHIND_FROM_ROWS - 1)
+        assert not store.jobs_analyze_when_behind(planning.BEHIND_FROM_ROWS - 1)
         assert store.table_row_estimate(store.JOBS) == 0
         assert store.jobs_analyze_when_behind(2990)
         assert (store.table_row_estimate(store.JOBS) or 0) >= 2900
@@ -403,7 +403,7 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
         assert "Seq Scan on jobs_engine_job j" not in plan
         assert "Index Scan using jobs_long_pending_due" in plan
     assert not store.jobs_analyze_when_behind(5000)  # analysed a moment ago
-    clock[0] += queue.ANALYZE_EVERY_S
+    clock[0] += planning.ANALYZE_EVERY_S
     assert not store.jobs_analyze_when_behind(2000)  # the planner knows of them
     assert store.jobs_analyze_when_behind(5000)
 

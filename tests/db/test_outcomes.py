@@ -333,11 +333,11 @@ def test_two_sessions_count_one_bucket_without_waiting_for_each_other(t0: dateti
     """Each session counts into its own shard of an hourly bucket: the upsert locks its row
     until the outcome's transaction commits, and with one row per bucket every worker's
     outcome writes waited for the others' commits. The readers sum the shards."""
-    from jobs_engine.store import dialect, queue
+    from jobs_engine.store import dialect, rows
 
     bucket = store.StatBucket(t0.replace(minute=0, second=0, microsecond=0), "oc.shared",
                               "ok", "")
-    mine = dialect.session_shard(queue.STATS_SHARDS)
+    mine = dialect.session_shard(rows.STATS_SHARDS)
     if connection.vendor != "postgresql":  # one writer at a time holds the whole database
         assert mine == 0
         return
@@ -350,7 +350,7 @@ def test_two_sessions_count_one_bucket_without_waiting_for_each_other(t0: dateti
         a lock timeout: waiting on this session's row fails the test."""
         try:
             for _ in range(20):
-                shard = dialect.session_shard(queue.STATS_SHARDS)
+                shard = dialect.session_shard(rows.STATS_SHARDS)
                 if shard != mine:
                     break
                 connection.close()

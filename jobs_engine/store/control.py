@@ -28,7 +28,7 @@ from jobs_engine.store.dialect import (
     skip_locked,
     writable_ctes,
 )
-from jobs_engine.store.queue import (
+from jobs_engine.store.rows import (
     CLOSED_COLUMNS,
     DONE_JOBS,
     FLOW_STEP_KEY_PREFIX,

@@ -1,0 +1,383 @@
+"""The long lane's statements: reserve under a lease, start, renew, and rescue the expired."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any, NamedTuple
+
+from django.db import IntegrityError, transaction
+
+from jobs_engine.job import Job
+from jobs_engine.store.dialect import (
+    dt,
+    execute,
+    fetch,
+    in_,
+    in_names,
+    json_append,
+    json_object,
+    read_dt,
+    read_json,
+    skip_locked,
+    text_array,
+    writable_ctes,
+)
+from jobs_engine.store.rows import (
+    AT_MOST_ONCE_VALUE,
+    BEGINNING,
+    CLOSED_COLUMNS,
+    CURSOR_LAG,
+    JOB_COLUMNS,
+    JOBS,
+    LONG_PENDING,
+    PAUSES,
+    RELEASE_REASON,
+    RESCUE_PRESUMED_DEAD,
+    RESCUE_REASON,
+    RESCUE_RELEASE,
+    RESERVE,
+    RUNNING_VALUE,
+    ClosedJob,
+    closed_jobs,
+    job_from_row,
+    lazy_flush_item,
+)
+
+__all__ = [
+    "LongCursor",
+    "Reserved",
+    "ReservedRows",
+    "jobs_long_mark_started",
+    "jobs_long_next_due",
+    "jobs_long_renew",
+    "jobs_long_rescue_expired",
+    "jobs_long_reserve",
+]
+
+# -- long lane ----------------------------------------------------------------------------
+
+
+# A try whose worker stopped answering: recorded as this exception (``errors.WorkerLost``).
+WORKER_LOST = "jobs_engine.errors.WorkerLost"
+
+
+def _lost_try() -> str:
+    """The ``tries`` entry of a started row whose lease expired, built from the row."""
+    return json_object([("worker", "claimed_by"), ("started_at", "started_at"),
+                        ("finished_at", "%s"), ("error", f"'{WORKER_LOST}'"),
+                        ("traceback", "%s")])
+
+
+def jobs_long_rescue_expired(now: datetime, *, after: datetime | None = None
+                             ) -> tuple[list[ClosedJob], int]:
+    """Deal with RUNNING rows whose lease expired (their worker died or stalled); with
+    ``after``, only those whose lease expired after it (index ``jobs_running_lease``).
+
+    At-most-once rows whose handler had started go DEAD instead of running twice, keeping
+    their claim token (``Guard``: a holder alive after all still writes what happened);
+    every other expired row goes back to PENDING for any worker to reserve. A started
+    row's try is recorded in ``tries`` as lost. Returns the rows closed and the number
+    released.
+    """
+    expired = dt(now)
+    since, since_params = ("", []) if after is None else (" AND lease_until > %s", [dt(after)])
+    lost = json_append("tries", _lost_try())
+    dead = fetch(
+        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
+        f"lease_until = NULL, updated_at = %s, attempts = attempts + 1, tries = {lost} "
+        f"WHERE status = %s AND lease_until <= %s{since} AND delivery_mode = %s "
+        f"AND started_at IS NOT NULL RETURNING {CLOSED_COLUMNS}",
+        [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
+         *RESCUE_PRESUMED_DEAD.source_values, expired, *since_params, AT_MOST_ONCE_VALUE],
+    )
+    released = execute(
+        f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
+        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s, "
+        "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, "
+        f"tries = CASE WHEN started_at IS NULL THEN tries ELSE {lost} END "
+        f"WHERE status = %s AND lease_until <= %s{since}",
+        [RESCUE_RELEASE.target, expired, expired, RELEASE_REASON,
+         *RESCUE_RELEASE.source_values, expired, *since_params],
+    )
+    return closed_jobs(dead, RESCUE_REASON), released
+
+
+class Reserved(NamedTuple):
+    """A row the long lane reserved: the job, and its earlier tries (its ``tries`` entries)
+    when the reserve also marked it started, else None (its handler must not run before
+    ``jobs_long_mark_started`` says so)."""
+
+    job: Job
+    earlier_tries: list[dict[str, Any]] | None
+
+
+class LongCursor(NamedTuple):
+    """Where a long-lane worker's next reserve starts within ``priority`` (``LongLane``):
+    as ``Cursor`` does on the fast lane; rows of a higher priority are read from the
+    first, and rows of a lower one after these."""
+
+    priority: int
+    band_from: datetime
+    at: datetime
+    id: int
+
+
+class ReservedRows(list[Reserved]):
+    """The rows a reserve took, in priority order; ``cursor``: where the next reserve may
+    start, when it took every row it locked and as many as it was allowed (None: it did
+    not, and the cursor it started from stands)."""
+
+    cursor: LongCursor | None = None
+
+
+# Every priority is below this one: a reserve from the first due row reads the range
+# "lower than it" only.
+_ABOVE_EVERY_PRIORITY = 32767
+
+# A reserve's candidates: not of a target whose pause has not run out; started (their
+# handlers run next) only where the target has no pause at all.
+_NOT_PAUSED = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
+               "AND p.paused_until > %s)")
+_STARTED_AT = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
+               f"WHERE p.target = {JOBS}.target) THEN %s END")
+_RESERVED_COLUMNS = (f"{', '.join(f'{JOBS}.{c}' for c in JOB_COLUMNS)}, {JOBS}.priority, "
+                     f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
+# The four ranges of a reserve from a cursor, in the index's order, with their tests.
+_RANGES = {"above": "j.priority > %s",
+           "band": "j.priority = %s AND j.next_run_at > %s AND j.next_run_at < %s",
+           "after": "j.priority = %s AND (j.next_run_at, j.id) > (%s, %s)",
+           "below": "j.priority < %s"}
+
+
+def _free_code(exclusive_clause: str) -> str:
+    """A candidate of an exclusive target whose code runs on some worker is not due. The
+    running codes are read once per statement (NOT IN an uncorrelated subquery): a
+    correlated test, planned on an empty queue, read the table once per candidate."""
+    return (f"(NOT ({exclusive_clause}) OR j.code NOT IN (SELECT r.running_code FROM {JOBS} r "
+            f"WHERE r.status = '{RUNNING_VALUE}' AND r.running_code IS NOT NULL))")
+
+
+@lru_cache(maxsize=16)
+def _reserve_statement(targets: tuple[str, ...], exclusive: tuple[str, ...],
+                       flush_lazily: bool) -> str:
+    """``jobs_long_reserve``'s one statement (PostgreSQL) for a worker's target lists,
+    made once: the same text at every reserve. With 500 targets registered it is 49 kB,
+    and assembling it at each reserve held the worker's thread between a woken reserve
+    and its handler's start.
+
+    Locked candidates, four ranges of the index in its order, each locked as it is read,
+    the next read only while fewer rows than the limit were locked; then the first of
+    each exclusive code (window functions may not share a level with FOR UPDATE), then
+    the first at-most-once rows; the update of those picked. The targets reserved lately
+    are a parameter, tested first (``likely``)."""
+    names, _ = in_names("j.target", targets)  # a constant of the text: no parameters
+    exclusive_clause, _ = in_names("j.target", exclusive)
+    candidates = (f"SELECT j.id, j.code, j.priority, j.next_run_at, "
+                  f"{exclusive_clause if exclusive else 'false'} AS exclusive, "
+                  f"j.delivery_mode = '{AT_MOST_ONCE_VALUE}' AS at_most_once "
+                  f"FROM {JOBS} j WHERE {LONG_PENDING} AND j.next_run_at <= %s "
+                  f"AND (j.target = ANY(%s::text[]) OR {names}) AND {_NOT_PAUSED} "
+                  f"AND {_free_code(exclusive_clause)} AND {{range}} "
+                  "ORDER BY j.priority DESC, j.next_run_at, j.id "
+                  "LIMIT %s FOR UPDATE SKIP LOCKED")
+    return (
+        "WITH " + ", ".join(f"locked_{name} AS ({candidates.replace('{range}', test)})"
+                            for name, test in _RANGES.items())
+        + ", locked AS (SELECT * FROM (" + " UNION ALL ".join(
+            f"SELECT * FROM locked_{name}" for name in _RANGES)
+        + ") AS ranges LIMIT %s), "
+        "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
+        "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
+        "next_run_at, id) AS nth FROM locked) AS l WHERE NOT exclusive OR nth = 1), "
+        "picked AS (SELECT id, exclusive, code, at_most_once FROM (SELECT *, "
+        "row_number() OVER (PARTITION BY at_most_once ORDER BY priority DESC, "
+        "next_run_at, id) AS nth_mode FROM first_of_code) AS m "
+        "WHERE NOT at_most_once OR nth_mode <= %s) "
+        f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
+        "lease_until = %s, running_code = CASE WHEN picked.exclusive "
+        f"THEN picked.code END, started_at = {_STARTED_AT}, updated_at = %s "
+        f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {_RESERVED_COLUMNS}, "
+        "(SELECT count(*) FROM locked)"
+        + lazy_flush_item(flush_lazily, "EXISTS (SELECT 1 FROM picked "
+                        "WHERE exclusive OR at_most_once)"))
+
+
+def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, limit: int, *,
+                      exclusive_targets: Sequence[str] = (), targets: Sequence[str],
+                      start: bool = False, at_most_once_limit: int | None = None,
+                      flush_lazily: bool = False, after: LongCursor | None = None,
+                      likely: Sequence[str] = ()) -> ReservedRows:
+    """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
+    and a lease, in priority order, skipping targets whose pause has not run out; of them
+    at most ``at_most_once_limit`` at-most-once rows (None: no bound of their own). An
+    at-most-once row past that bound stays PENDING, and the rows after it are still taken.
+
+    ``start``: the rows of targets without any pause are also marked started, in the same
+    statement (their handlers run next; the reserve and the mark commit together, before
+    any of them can have an effect). A row of a target whose pause ran out is reserved but
+    not started: one of them may become the target's probe.
+
+    Rows of an exclusive target also take ``running_code = code``; the unique partial
+    index ``jobs_one_running_per_code`` then refuses a second RUNNING row of that code
+    on any worker, and such a loser is simply not reserved. On PostgreSQL one statement
+    picks and claims the rows (one round trip, no transaction), the first due row of each
+    exclusive code among them; when another worker claimed one of those codes meanwhile,
+    the index fails that statement and the rows are reserved again one code at a time.
+    ``flush_lazily``: a reserve of at-least-once rows of targets that are not exclusive
+    commits without waiting for its flush (``lazy_flush_item``); a crash that loses it
+    leaves them PENDING, to run again before their lease would have run out.
+
+    ``after`` (PostgreSQL): read the rows of its priority from that cursor. The due rows
+    are then four ranges of the index, read in its order, each locked as it is read: the
+    higher priorities, the cursor's lag band, the rows after it, the lower priorities. A
+    row passed over because its exclusive code was running lies behind the cursor: the
+    worker that ran the code reads from the first row next (``LongLane``), any other at
+    its next read from the first row.
+
+    ``likely`` (PostgreSQL): targets among ``targets`` the worker reserved rows of lately,
+    tested first, as a parameter: a row of one of them is never tested against the whole
+    list, whose hashed constant PostgreSQL builds at each statement that tests a row
+    against it (0.35 ms of a woken reserve with 500 targets registered).
+    """
+    lease_until = dt(now + timedelta(seconds=lease_s))
+    started_params = [start, dt(now)]
+
+    def reserved(row: Sequence[Any]) -> Reserved:
+        started = row[17] is not None
+        return Reserved(job_from_row(row), (read_json(row[18]) or []) if started else None)
+
+    at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
+    if writable_ctes():
+        # Inside a caller's transaction a savepoint keeps a refused statement from aborting
+        # it; in autocommit the statement is its own transaction (no BEGIN, no COMMIT).
+        alone = contextlib.nullcontext() if transaction.get_autocommit() else transaction.atomic()
+        cursor = after or LongCursor(_ABOVE_EVERY_PRIORITY, BEGINNING, BEGINNING, 0)
+        range_params = {"above": [cursor.priority],
+                        "band": [cursor.priority, dt(cursor.band_from), dt(cursor.at)],
+                        "after": [cursor.priority, dt(cursor.at), cursor.id],
+                        "below": [cursor.priority]}
+        likely_param = text_array(sorted(likely))
+        try:
+            with alone:
+                rows = fetch(
+                    _reserve_statement(tuple(targets), tuple(exclusive_targets), flush_lazily),
+                    [*[p for name in _RANGES for p in (dt(now), likely_param, dt(now),
+                                                         *range_params[name], limit)],
+                     limit, at_most_once, RESERVE.target, token, owner, lease_until,
+                     *started_params, dt(now)],
+                    prepare=True)
+        except IntegrityError:
+            pass  # a code another worker claimed meanwhile: one code at a time below
+        else:
+            rows.sort(key=lambda row: (-row[15], row[16], row[0]))
+            got = ReservedRows(reserved(row) for row in rows)
+            if len(rows) == limit and rows[-1][19] == limit:
+                # Every row it locked was taken, as many as it may: the next reserve starts
+                # after the last.
+                last = rows[-1]
+                got.cursor = LongCursor(last[15], last[16] - CURSOR_LAG, last[16], last[0])
+            return got
+    order: dict[int, int] = {}
+    found: list[Reserved] = []
+    target_clause, target_params = in_names("j.target", targets)
+    excl_clause, excl_params = in_names("j.target", exclusive_targets)
+    with transaction.atomic():
+        candidates = fetch(
+            f"SELECT j.id, j.target, j.code, j.delivery_mode FROM {JOBS} j "
+            f"WHERE {LONG_PENDING} AND j.next_run_at <= %s AND {target_clause} "
+            f"AND {_NOT_PAUSED} AND {_free_code(excl_clause)} "
+            f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
+            [dt(now), *target_params, dt(now), *excl_params, limit],
+        )
+        order = {row[0]: place for place, row in enumerate(candidates)}
+        exclusive = set(exclusive_targets)
+        plain_ids: list[int] = []
+        seen_codes: set[str] = set()
+        exclusive_rows = []
+        for job_id, target, code, mode in candidates:  # as the statement above picks
+            if target in exclusive:
+                if code in seen_codes:
+                    continue
+                seen_codes.add(code)
+            if mode == AT_MOST_ONCE_VALUE:
+                if at_most_once <= 0:
+                    continue
+                at_most_once -= 1
+            if target in exclusive:
+                exclusive_rows.append((job_id, code))
+            else:
+                plain_ids.append(job_id)
+        update = (
+            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
+            f"running_code = %s, started_at = {_STARTED_AT}, updated_at = %s "
+            f"WHERE {{where}} AND status = %s RETURNING {_RESERVED_COLUMNS}"
+        )
+        if plain_ids:
+            clause, params = in_("id", plain_ids)
+            rows = fetch(update.format(where=clause),
+                         [RESERVE.target, token, owner, lease_until, None, *started_params,
+                          dt(now), *params, *RESERVE.source_values])
+            found += [reserved(row) for row in rows]
+        for job_id, code in exclusive_rows:
+            try:
+                with transaction.atomic():
+                    rows = fetch(update.format(where="id = %s"),
+                                 [RESERVE.target, token, owner, lease_until, code,
+                                  *started_params, dt(now), job_id, *RESERVE.source_values])
+            except IntegrityError:
+                continue  # another worker runs this code right now
+            found += [reserved(row) for row in rows]
+    return ReservedRows(sorted(found, key=lambda r: order[r.job.id]))  # type: ignore[index]  # a reserved row is stored: its id is set
+
+
+def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
+    """When the next PENDING long-lane row of ``targets`` not yet due comes due: the lane
+    sleeps no longer than that (a deferred job runs on time, not at the next idle poll).
+    Prepared: an idle worker asks after each reserve that found nothing, and planning the
+    statement with 500 targets' names took 2 ms a call."""
+    target_clause, target_params = in_names("j.target", targets)
+    rows = fetch(f"SELECT MIN(j.next_run_at) FROM {JOBS} j WHERE {LONG_PENDING} "
+                 f"AND j.next_run_at > %s AND {target_clause}",
+                 [dt(now), *target_params], prepare=True)
+    return read_dt(rows[0][0]) if rows else None
+
+
+def _not_indexed(test: str) -> str:
+    """``test`` of a row found by id, in a form no index answers. Few rows are RUNNING, so
+    the planner prefers ``jobs_running_lease`` (RUNNING rows only) to the primary key for
+    a statement that also tests the status; under an old snapshot that index holds an
+    entry for every RUNNING version the snapshot still sees, and each is visited."""
+    return f"({test}) IS TRUE"
+
+
+def jobs_long_mark_started(ids: Sequence[int], token: str, now: datetime
+                           ) -> dict[int, list[dict[str, Any]]]:
+    """Record that the handlers of reserved rows are about to run, in one statement;
+    returns each row's earlier tries (its ``tries`` entries). A row missing from the
+    answer lost its claim meanwhile: it must not run."""
+    clause, params = in_("id", ids)
+    rows = fetch(
+        f"UPDATE {JOBS} SET started_at = %s WHERE {clause} AND claim_token = %s "
+        f"AND {_not_indexed('status = %s')} RETURNING id, tries",
+        [dt(now), *params, token, RUNNING_VALUE],
+    )
+    return {job_id: read_json(tries) or [] for job_id, tries in rows}
+
+
+def jobs_long_renew(held: Mapping[int, str], now: datetime, lease_s: float) -> set[str]:
+    """Extend the leases of the RUNNING rows ``held`` (job id -> claim token); returns the
+    tokens renewed. By id (``_not_indexed``): ``jobs_running_lease`` would be read from the
+    first RUNNING version of the last lease's reserves an old snapshot keeps."""
+    ids, id_params = in_("id", sorted(held), arrays_from=1)
+    tokens, token_params = in_("claim_token", sorted(set(held.values())), arrays_from=1)
+    rows = fetch(
+        f"UPDATE {JOBS} SET lease_until = %s WHERE {ids} AND {tokens} "
+        f"AND {_not_indexed('status = %s AND lease_until > %s')} RETURNING claim_token",
+        [dt(now + timedelta(seconds=lease_s)), *id_params, *token_params, RUNNING_VALUE, dt(now)],
+    )
+    return {row[0] for row in rows}
+
+
