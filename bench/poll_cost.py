@@ -141,7 +141,7 @@ def capture_sql(call: Callable[[], Any]) -> list[tuple[str, Any]]:
     seen: list[tuple[str, Any]] = []
 
     def wrapper(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append((_percent_placeholders(query), params))
+        seen.append(_percent_placeholders(query, params))
         return execute(query, params, many, context)
 
     with connection.execute_wrapper(wrapper):
@@ -149,14 +149,17 @@ def capture_sql(call: Callable[[], Any]) -> list[tuple[str, Any]]:
     return seen
 
 
-def _percent_placeholders(query: str) -> str:
-    """``store.dialect.native_placeholders`` undone: ``$n`` back to ``%s``, ``%`` doubled."""
+def _percent_placeholders(query: str, params: Any) -> tuple[str, Any]:
+    """``store.dialect.native_placeholders`` undone: ``$n`` back to ``%s``, ``%`` doubled,
+    and the parameters in the text's order (a named parameter's number may repeat)."""
     if not _NATIVE.search(query):
-        return query
-    return _NATIVE.sub("%s", query.replace("%", "%%"))
+        return query, params
+    numbers = [int(n) for n in _NATIVE.findall(query)]
+    return (_NATIVE.sub("%s", query.replace("%", "%%")),
+            [params[n - 1] for n in numbers])
 
 
-_NATIVE = re.compile(r"\$\d+")
+_NATIVE = re.compile(r"\$(\d+)")
 
 
 class _Rollback(Exception):

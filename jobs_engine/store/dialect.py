@@ -13,7 +13,7 @@ import json
 import re
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cache, lru_cache
 from typing import Any
@@ -59,7 +59,11 @@ def _timestamptz_loader() -> type:
     return TimestamptzLoader
 
 
-def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
+# A statement's parameters: positional (``%s``) or named (``%(name)s``); a text uses one kind.
+Params = Sequence[Any] | Mapping[str, Any]
+
+
+def fetch(sql: str, params: Params = (), using: str | None = None, *,
           prepare: bool = False) -> list[tuple[Any, ...]]:
     """The rows of ``sql``. ``prepare`` (PostgreSQL): the server keeps the statement's plan
     on this connection, for a statement whose text repeats and whose planning costs more
@@ -67,26 +71,74 @@ def fetch(sql: str, params: Sequence[Any] = (), using: str | None = None, *,
     db = conn(using)
     if prepare and db.vendor == "postgresql":
         cursor = _prepared_cursor(db)  # the session's own, kept open: not closed here
-        cursor.execute(native_placeholders(sql), params)
+        text, names = native_placeholders(sql)
+        cursor.execute(text, [params[name] for name in names]
+                       if isinstance(params, Mapping) else params)
         return cursor.fetchall() if cursor.description else []
     with db.cursor() as cursor:
         if db.vendor == "postgresql":
             _load_timestamptz(cursor.cursor)
-        cursor.execute(sql, params)
+        cursor.execute(*positional(sql, params))
         return cursor.fetchall() if cursor.description else []
 
 
 @lru_cache(maxsize=512)
-def native_placeholders(sql: str) -> str:
+def native_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
     """``sql`` with PostgreSQL's own placeholders (``$1``, ``$2``, ...) for the session's
-    ``RawCursor``, made once per text. psycopg converts ``%s`` at every execution, and
-    caches the conversion only for texts under 4 kB: the long-lane reserve with 500
-    registered targets (49 kB) spent 0.3 ms a reserve in it, the fast poll 0.1 ms."""
+    ``RawCursor``, made once per text, and the parameter names in their numbers' order
+    (none for a positional text; a name used twice is one number). psycopg converts
+    ``%s`` at every execution, and caches the conversion only for texts under 4 kB: the
+    long-lane reserve with 500 registered targets (49 kB) spent 0.3 ms a reserve in it."""
     numbers = itertools.count(1)
-    return _PLACEHOLDER.sub(lambda m: "%" if m.group() == "%%" else f"${next(numbers)}", sql)
+    names: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        if match.group() == "%%":
+            return "%"
+        name = match.group(1)
+        if name is None:
+            return f"${next(numbers)}"
+        if name not in names:
+            names[name] = next(numbers)
+        return f"${names[name]}"
+
+    return _PLACEHOLDER.sub(number, sql), tuple(names)
 
 
-_PLACEHOLDER = re.compile("%%|%s")
+_PLACEHOLDER = re.compile(r"%%|%s|%\((\w+)\)s")
+
+
+def positional(sql: str, params: Params) -> tuple[str, Sequence[Any]]:
+    """``sql`` and ``params`` as Django's cursors take them on every database (``%s``)."""
+    if not isinstance(params, Mapping):
+        return sql, params
+    text, names = _positional_names(sql)
+    return text, [params[name] for name in names]
+
+
+@lru_cache(maxsize=512)
+def _positional_names(sql: str) -> tuple[str, tuple[str, ...]]:
+    """``sql``'s named placeholders as ``%s``, and the name of each, in the text's order."""
+    names: list[str] = []
+
+    def unnamed(match: re.Match[str]) -> str:
+        if match.group(1) is None:
+            return match.group()  # ``%%`` stays for the driver; a text is named or not
+        names.append(match.group(1))
+        return "%s"
+
+    return _PLACEHOLDER.sub(unnamed, sql), tuple(names)
+
+
+def named(fragment: tuple[str, Sequence[Any]], name: str) -> tuple[str, dict[str, Any]]:
+    """A fragment made with positional parameters (``in_``, ``table``, ``values_``) for a
+    statement with named ones: its one parameter ``name``, or ``name_0``, ``name_1``..."""
+    sql, params = fragment
+    keys = [name] if len(params) == 1 else [f"{name}_{n}" for n in range(len(params))]
+    places = iter(keys)
+    text = _PLACEHOLDER.sub(lambda m: m.group() if m.group() == "%%" else f"%({next(places)})s",
+                            sql)
+    return text, dict(zip(keys, params, strict=True))
 
 
 def _load_timestamptz(cursor: Any) -> None:
@@ -194,7 +246,7 @@ def _prepared_cursor(db: Any) -> Any:
     return _wrapped(db, kept)
 
 
-def fetch_insert(sql: str, params: Sequence[Any], using: str | None = None, *,
+def fetch_insert(sql: str, params: Params, using: str | None = None, *,
                  plan_may_be_kept: bool) -> list[tuple[Any, ...]]:
     """``fetch`` for an enqueue's insert, in the caller's session and transaction.
 
@@ -246,9 +298,9 @@ def _wrapped(db: BaseDatabaseWrapper, raw: Any) -> CursorWrapper:
     return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
 
 
-def execute(sql: str, params: Sequence[Any] = (), using: str | None = None) -> int:
+def execute(sql: str, params: Params = (), using: str | None = None) -> int:
     with conn(using).cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(*positional(sql, params))
         count: int = cursor.rowcount
         return count
 

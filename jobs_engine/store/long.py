@@ -19,6 +19,7 @@ from jobs_engine.store.dialect import (
     in_names,
     json_append,
     json_object,
+    named,
     read_dt,
     read_json,
     skip_locked,
@@ -334,14 +335,16 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
 
 
 def jobs_long_next_due(targets: Sequence[str], now: datetime) -> datetime | None:
-    """When the next PENDING long-lane row of ``targets`` not yet due comes due: the lane
-    sleeps no longer than that (a deferred job runs on time, not at the next idle poll).
-    Prepared: an idle worker asks after each reserve that found nothing, and planning the
-    statement with 500 targets' names took 2 ms a call."""
-    target_clause, target_params = in_names("j.target", targets)
+    """When the next PENDING long-lane row of ``targets`` not yet due comes due.
+
+    Index: ``jobs_long_pending_due``. The lane sleeps no longer than that (a deferred job
+    runs on time, not at the next idle poll). Prepared: an idle worker asks after each
+    reserve that found nothing, and planning the statement with 500 targets' names took
+    2 ms a call."""
+    target_clause, target_params = named(in_names("j.target", targets), "targets")
     rows = fetch(f"SELECT MIN(j.next_run_at) FROM {JOBS} j WHERE {LONG_PENDING} "
-                 f"AND j.next_run_at > %s AND {target_clause}",
-                 [dt(now), *target_params], prepare=True)
+                 f"AND j.next_run_at > %(now)s AND {target_clause}",
+                 {"now": dt(now), **target_params}, prepare=True)
     return read_dt(rows[0][0]) if rows else None
 
 
@@ -355,29 +358,34 @@ def _not_indexed(test: str) -> str:
 
 def jobs_long_mark_started(ids: Sequence[int], token: str, now: datetime
                            ) -> dict[int, list[dict[str, Any]]]:
-    """Record that the handlers of reserved rows are about to run, in one statement;
-    returns each row's earlier tries (its ``tries`` entries). A row missing from the
-    answer lost its claim meanwhile: it must not run."""
-    clause, params = in_("id", ids)
+    """Record that the handlers of reserved rows are about to run; each row's earlier tries.
+
+    Index: the primary key (``_not_indexed``). One statement for every row; its ``tries``
+    entries come back with it. A row missing from the answer lost its claim meanwhile: it
+    must not run."""
+    clause, params = named(in_("id", ids), "ids")
     rows = fetch(
-        f"UPDATE {JOBS} SET started_at = %s WHERE {clause} AND claim_token = %s "
-        f"AND {_not_indexed('status = %s')} RETURNING id, tries",
-        [dt(now), *params, token, RUNNING_VALUE],
+        f"UPDATE {JOBS} SET started_at = %(now)s WHERE {clause} AND claim_token = %(token)s "
+        f"AND {_not_indexed('status = %(running)s')} RETURNING id, tries",
+        {"now": dt(now), "token": token, "running": RUNNING_VALUE, **params},
     )
     return {job_id: read_json(tries) or [] for job_id, tries in rows}
 
 
 def jobs_long_renew(held: Mapping[int, str], now: datetime, lease_s: float) -> set[str]:
-    """Extend the leases of the RUNNING rows ``held`` (job id -> claim token); returns the
-    tokens renewed. By id (``_not_indexed``): ``jobs_running_lease`` would be read from the
+    """Extend the leases of the RUNNING rows ``held`` (job id -> claim token); the tokens
+    renewed.
+
+    Index: the primary key (``_not_indexed``): ``jobs_running_lease`` would be read from the
     first RUNNING version of the last lease's reserves an old snapshot keeps."""
-    ids, id_params = in_("id", sorted(held), arrays_from=1)
-    tokens, token_params = in_("claim_token", sorted(set(held.values())), arrays_from=1)
+    ids, id_params = named(in_("id", sorted(held), arrays_from=1), "ids")
+    tokens, token_params = named(in_("claim_token", sorted(set(held.values())), arrays_from=1),
+                                 "tokens")
     rows = fetch(
-        f"UPDATE {JOBS} SET lease_until = %s WHERE {ids} AND {tokens} "
-        f"AND {_not_indexed('status = %s AND lease_until > %s')} RETURNING claim_token",
-        [dt(now + timedelta(seconds=lease_s)), *id_params, *token_params, RUNNING_VALUE, dt(now)],
+        f"UPDATE {JOBS} SET lease_until = %(lease_until)s WHERE {ids} AND {tokens} "
+        f"AND {_not_indexed('status = %(running)s AND lease_until > %(now)s')} "
+        "RETURNING claim_token",
+        {"lease_until": dt(now + timedelta(seconds=lease_s)), "running": RUNNING_VALUE,
+         "now": dt(now), **id_params, **token_params},
     )
     return {row[0] for row in rows}
-
-
