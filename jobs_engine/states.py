@@ -107,6 +107,12 @@ class Transition:
     def source_values(self) -> list[str]:
         return [status.value for status in self.sources]
 
+    @property
+    def source_value(self) -> str:
+        """The one status a statement with a single source changes rows from."""
+        (only,) = self.sources
+        return only.value
+
 
 used: set[tuple[JobStatus | None, JobStatus | None]] = set()
 

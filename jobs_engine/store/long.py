@@ -68,14 +68,15 @@ WORKER_LOST = "jobs_engine.errors.WorkerLost"
 def _lost_try() -> str:
     """The ``tries`` entry of a started row whose lease expired, built from the row."""
     return json_object([("worker", "claimed_by"), ("started_at", "started_at"),
-                        ("finished_at", "%s"), ("error", f"'{WORKER_LOST}'"),
-                        ("traceback", "%s")])
+                        ("finished_at", "%(now)s"), ("error", f"'{WORKER_LOST}'"),
+                        ("traceback", "%(reason)s")])
 
 
 def jobs_long_rescue_expired(now: datetime, *, after: datetime | None = None
                              ) -> tuple[list[ClosedJob], int]:
-    """Deal with RUNNING rows whose lease expired (their worker died or stalled); with
-    ``after``, only those whose lease expired after it (index ``jobs_running_lease``).
+    """Close or release the RUNNING rows whose lease expired (their worker died or stalled).
+
+    Index: ``jobs_running_lease``; with ``after``, only the leases that expired after it.
 
     At-most-once rows whose handler had started go DEAD instead of running twice, keeping
     their claim token (``Guard``: a holder alive after all still writes what happened);
@@ -83,25 +84,27 @@ def jobs_long_rescue_expired(now: datetime, *, after: datetime | None = None
     row's try is recorded in ``tries`` as lost. Returns the rows closed and the number
     released.
     """
-    expired = dt(now)
-    since, since_params = ("", []) if after is None else (" AND lease_until > %s", [dt(after)])
+    since = "" if after is None else " AND lease_until > %(after)s"
     lost = json_append("tries", _lost_try())
     dead = fetch(
-        f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, running_code = NULL, "
-        f"lease_until = NULL, updated_at = %s, attempts = attempts + 1, tries = {lost} "
-        f"WHERE status = %s AND lease_until <= %s{since} AND delivery_mode = %s "
-        f"AND started_at IS NOT NULL RETURNING {CLOSED_COLUMNS}",
-        [RESCUE_PRESUMED_DEAD.target, expired, RESCUE_REASON, expired, expired, RESCUE_REASON,
-         *RESCUE_PRESUMED_DEAD.source_values, expired, *since_params, AT_MOST_ONCE_VALUE],
+        f"UPDATE {JOBS} SET status = %(dead)s, closed_at = %(now)s, last_error = %(reason)s, "
+        "running_code = NULL, lease_until = NULL, updated_at = %(now)s, "
+        f"attempts = attempts + 1, tries = {lost} "
+        f"WHERE status = %(running)s AND lease_until <= %(now)s{since} "
+        f"AND delivery_mode = %(at_most_once)s AND started_at IS NOT NULL "
+        f"RETURNING {CLOSED_COLUMNS}",
+        {"dead": RESCUE_PRESUMED_DEAD.target, "now": dt(now), "reason": RESCUE_REASON,
+         "running": RESCUE_PRESUMED_DEAD.source_value, "after": dt(after),
+         "at_most_once": AT_MOST_ONCE_VALUE},
     )
     released = execute(
-        f"UPDATE {JOBS} SET status = %s, running_code = NULL, claim_token = NULL, "
-        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %s, "
+        f"UPDATE {JOBS} SET status = %(pending)s, running_code = NULL, claim_token = NULL, "
+        "claimed_by = NULL, lease_until = NULL, started_at = NULL, updated_at = %(now)s, "
         "attempts = attempts + CASE WHEN started_at IS NULL THEN 0 ELSE 1 END, "
         f"tries = CASE WHEN started_at IS NULL THEN tries ELSE {lost} END "
-        f"WHERE status = %s AND lease_until <= %s{since}",
-        [RESCUE_RELEASE.target, expired, expired, RELEASE_REASON,
-         *RESCUE_RELEASE.source_values, expired, *since_params],
+        f"WHERE status = %(running)s AND lease_until <= %(now)s{since}",
+        {"pending": RESCUE_RELEASE.target, "now": dt(now), "reason": RELEASE_REASON,
+         "running": RESCUE_RELEASE.source_value, "after": dt(after)},
     )
     return closed_jobs(dead, RESCUE_REASON), released
 
@@ -141,16 +144,17 @@ _ABOVE_EVERY_PRIORITY = 32767
 # A reserve's candidates: not of a target whose pause has not run out; started (their
 # handlers run next) only where the target has no pause at all.
 _NOT_PAUSED = (f"NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = j.target "
-               "AND p.paused_until > %s)")
-_STARTED_AT = (f"CASE WHEN %s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
-               f"WHERE p.target = {JOBS}.target) THEN %s END")
+               "AND p.paused_until > %(now)s)")
+_STARTED_AT = (f"CASE WHEN %(start)s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
+               f"WHERE p.target = {JOBS}.target) THEN %(now)s END")
 _RESERVED_COLUMNS = (f"{', '.join(f'{JOBS}.{c}' for c in JOB_COLUMNS)}, {JOBS}.priority, "
                      f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
 # The four ranges of a reserve from a cursor, in the index's order, with their tests.
-_RANGES = {"above": "j.priority > %s",
-           "band": "j.priority = %s AND j.next_run_at > %s AND j.next_run_at < %s",
-           "after": "j.priority = %s AND (j.next_run_at, j.id) > (%s, %s)",
-           "below": "j.priority < %s"}
+_RANGES = {"above": "j.priority > %(priority)s",
+           "band": "j.priority = %(priority)s AND j.next_run_at > %(band_from)s "
+                   "AND j.next_run_at < %(at)s",
+           "after": "j.priority = %(priority)s AND (j.next_run_at, j.id) > (%(at)s, %(after_id)s)",
+           "below": "j.priority < %(priority)s"}
 
 
 def _free_code(exclusive_clause: str) -> str:
@@ -179,27 +183,27 @@ def _reserve_statement(targets: tuple[str, ...], exclusive: tuple[str, ...],
     candidates = (f"SELECT j.id, j.code, j.priority, j.next_run_at, "
                   f"{exclusive_clause if exclusive else 'false'} AS exclusive, "
                   f"j.delivery_mode = '{AT_MOST_ONCE_VALUE}' AS at_most_once "
-                  f"FROM {JOBS} j WHERE {LONG_PENDING} AND j.next_run_at <= %s "
-                  f"AND (j.target = ANY(%s::text[]) OR {names}) AND {_NOT_PAUSED} "
+                  f"FROM {JOBS} j WHERE {LONG_PENDING} AND j.next_run_at <= %(now)s "
+                  f"AND (j.target = ANY(%(likely)s::text[]) OR {names}) AND {_NOT_PAUSED} "
                   f"AND {_free_code(exclusive_clause)} AND {{range}} "
                   "ORDER BY j.priority DESC, j.next_run_at, j.id "
-                  "LIMIT %s FOR UPDATE SKIP LOCKED")
+                  "LIMIT %(limit)s FOR UPDATE SKIP LOCKED")
     return (
         "WITH " + ", ".join(f"locked_{name} AS ({candidates.replace('{range}', test)})"
                             for name, test in _RANGES.items())
         + ", locked AS (SELECT * FROM (" + " UNION ALL ".join(
             f"SELECT * FROM locked_{name}" for name in _RANGES)
-        + ") AS ranges LIMIT %s), "
+        + ") AS ranges LIMIT %(limit)s), "
         "first_of_code AS (SELECT * FROM (SELECT *, row_number() OVER (PARTITION "
         "BY exclusive, CASE WHEN exclusive THEN code END ORDER BY priority DESC, "
         "next_run_at, id) AS nth FROM locked) AS l WHERE NOT exclusive OR nth = 1), "
         "picked AS (SELECT id, exclusive, code, at_most_once FROM (SELECT *, "
         "row_number() OVER (PARTITION BY at_most_once ORDER BY priority DESC, "
         "next_run_at, id) AS nth_mode FROM first_of_code) AS m "
-        "WHERE NOT at_most_once OR nth_mode <= %s) "
-        f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, "
-        "lease_until = %s, running_code = CASE WHEN picked.exclusive "
-        f"THEN picked.code END, started_at = {_STARTED_AT}, updated_at = %s "
+        "WHERE NOT at_most_once OR nth_mode <= %(at_most_once)s) "
+        f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
+        "claimed_by = %(owner)s, lease_until = %(lease_until)s, running_code = CASE WHEN "
+        f"picked.exclusive THEN picked.code END, started_at = {_STARTED_AT}, updated_at = %(now)s "
         f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {_RESERVED_COLUMNS}, "
         "(SELECT count(*) FROM locked)"
         + lazy_flush_item(flush_lazily, "EXISTS (SELECT 1 FROM picked "
@@ -211,10 +215,13 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                       start: bool = False, at_most_once_limit: int | None = None,
                       flush_lazily: bool = False, after: LongCursor | None = None,
                       likely: Sequence[str] = ()) -> ReservedRows:
-    """Reserve up to ``limit`` due PENDING long-lane rows of ``targets`` under ``token``
-    and a lease, in priority order, skipping targets whose pause has not run out; of them
-    at most ``at_most_once_limit`` at-most-once rows (None: no bound of their own). An
-    at-most-once row past that bound stays PENDING, and the rows after it are still taken.
+    """Claim up to ``limit`` due long-lane rows of ``targets`` under a lease, in priority order.
+
+    Index: ``jobs_long_pending_due``, from the cursor ``after``; ``jobs_one_running_per_code``
+    refuses a second running row of an exclusive code. Rows of targets whose pause has
+    not run out are skipped; of them at most ``at_most_once_limit`` at-most-once rows
+    (None: no bound of their own). An at-most-once row past that bound stays PENDING, and
+    the rows after it are still taken.
 
     ``start``: the rows of targets without any pause are also marked started, in the same
     statement (their handlers run next; the reserve and the mark commit together, before
@@ -243,32 +250,28 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
     list, whose hashed constant PostgreSQL builds at each statement that tests a row
     against it (0.35 ms of a woken reserve with 500 targets registered).
     """
-    lease_until = dt(now + timedelta(seconds=lease_s))
-    started_params = [start, dt(now)]
+    at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
+    params: dict[str, Any] = {
+        "now": dt(now), "limit": limit, "at_most_once": at_most_once, "start": start,
+        "running": RESERVE.target, "token": token, "owner": owner,
+        "lease_until": dt(now + timedelta(seconds=lease_s))}
 
     def reserved(row: Sequence[Any]) -> Reserved:
         started = row[17] is not None
         return Reserved(job_from_row(row), (read_json(row[18]) or []) if started else None)
 
-    at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     if writable_ctes():
         # Inside a caller's transaction a savepoint keeps a refused statement from aborting
         # it; in autocommit the statement is its own transaction (no BEGIN, no COMMIT).
         alone = contextlib.nullcontext() if transaction.get_autocommit() else transaction.atomic()
         cursor = after or LongCursor(_ABOVE_EVERY_PRIORITY, BEGINNING, BEGINNING, 0)
-        range_params = {"above": [cursor.priority],
-                        "band": [cursor.priority, dt(cursor.band_from), dt(cursor.at)],
-                        "after": [cursor.priority, dt(cursor.at), cursor.id],
-                        "below": [cursor.priority]}
-        likely_param = text_array(sorted(likely))
         try:
             with alone:
                 rows = fetch(
                     _reserve_statement(tuple(targets), tuple(exclusive_targets), flush_lazily),
-                    [*[p for name in _RANGES for p in (dt(now), likely_param, dt(now),
-                                                         *range_params[name], limit)],
-                     limit, at_most_once, RESERVE.target, token, owner, lease_until,
-                     *started_params, dt(now)],
+                    {**params, "likely": text_array(sorted(likely)),
+                     "priority": cursor.priority, "band_from": dt(cursor.band_from),
+                     "at": dt(cursor.at), "after_id": cursor.id},
                     prepare=True)
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
@@ -283,15 +286,15 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             return got
     order: dict[int, int] = {}
     found: list[Reserved] = []
-    target_clause, target_params = in_names("j.target", targets)
-    excl_clause, excl_params = in_names("j.target", exclusive_targets)
+    target_clause, target_params = named(in_names("j.target", targets), "targets")
+    excl_clause, excl_params = named(in_names("j.target", exclusive_targets), "exclusive")
     with transaction.atomic():
         candidates = fetch(
             f"SELECT j.id, j.target, j.code, j.delivery_mode FROM {JOBS} j "
-            f"WHERE {LONG_PENDING} AND j.next_run_at <= %s AND {target_clause} "
+            f"WHERE {LONG_PENDING} AND j.next_run_at <= %(now)s AND {target_clause} "
             f"AND {_NOT_PAUSED} AND {_free_code(excl_clause)} "
-            f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %s{skip_locked()}",
-            [dt(now), *target_params, dt(now), *excl_params, limit],
+            f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %(limit)s{skip_locked()}",
+            {**params, **target_params, **excl_params},
         )
         order = {row[0]: place for place, row in enumerate(candidates)}
         exclusive = set(exclusive_targets)
@@ -312,22 +315,21 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             else:
                 plain_ids.append(job_id)
         update = (
-            f"UPDATE {JOBS} SET status = %s, claim_token = %s, claimed_by = %s, lease_until = %s, "
-            f"running_code = %s, started_at = {_STARTED_AT}, updated_at = %s "
-            f"WHERE {{where}} AND status = %s RETURNING {_RESERVED_COLUMNS}"
+            f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
+            "claimed_by = %(owner)s, lease_until = %(lease_until)s, running_code = %(code)s, "
+            f"started_at = {_STARTED_AT}, updated_at = %(now)s "
+            f"WHERE {{where}} AND status = %(pending)s RETURNING {_RESERVED_COLUMNS}"
         )
+        params["pending"] = RESERVE.source_value
         if plain_ids:
-            clause, params = in_("id", plain_ids)
-            rows = fetch(update.format(where=clause),
-                         [RESERVE.target, token, owner, lease_until, None, *started_params,
-                          dt(now), *params, *RESERVE.source_values])
+            clause, id_params = named(in_("id", plain_ids), "ids")
+            rows = fetch(update.format(where=clause), {**params, **id_params, "code": None})
             found += [reserved(row) for row in rows]
         for job_id, code in exclusive_rows:
             try:
                 with transaction.atomic():
-                    rows = fetch(update.format(where="id = %s"),
-                                 [RESERVE.target, token, owner, lease_until, code,
-                                  *started_params, dt(now), job_id, *RESERVE.source_values])
+                    rows = fetch(update.format(where="id = %(id)s"),
+                                 {**params, "id": job_id, "code": code})
             except IntegrityError:
                 continue  # another worker runs this code right now
             found += [reserved(row) for row in rows]
