@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -17,6 +18,7 @@ from jobs_engine.store.dialect import (
     instant_array,
     int_array,
     is_postgres,
+    named,
     names_constant,
     read_dt,
     text_array,
@@ -73,13 +75,13 @@ ENQUEUES_FAST = "jobs_engine_enqueues_fast"
 READ_ALL = -1  # ``enqueues_seen`` for a read of every target
 _ENQUEUES_READ = f"COALESCE(pg_sequence_last_value('{ENQUEUES_FAST}'), 0)"
 # Evaluated once per statement (an InitPlan), so a branch of targets it gates is not read.
-_ENQUEUES_MOVED = f"(SELECT {_ENQUEUES_READ}) > %s"
+_ENQUEUES_MOVED = f"(SELECT {_ENQUEUES_READ}) > %(enqueues_seen)s"
 
 
 def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
                     whole_backlog: bool = False, after: Mapping[str, Cursor] | None = None,
                     always: Collection[str] = (), enqueues_seen: int = READ_ALL
-                    ) -> tuple[str, list[Any]]:
+                    ) -> tuple[str, dict[str, Any]]:
     """The heads of the targets in ``limits`` that are not paused: ``JOB_COLUMNS``,
     ``next_run_at``, ``probe`` (the target's pause ran out: one of its rows may go as the
     probe, ``PauseGate.probe_rows``), ``enqueues`` (``ENQUEUES_FAST`` as read, or NULL) and
@@ -111,28 +113,22 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     constant = not set(always) >= set(names)
     listed = [name for name in names if name in always or name in after] if constant else names
     cursors = [after.get(name) for name in listed]
-    clock = dt(now)
-    parts = int_array(partitions)
-    params: list[str | int] = [
-        text_array(listed), int_array([limits[name] for name in listed]),
-        instant_array([c.band_from if c else None for c in cursors]),
-        instant_array([c.at if c else None for c in cursors]),
-        int_array([c.id if c else 0 for c in cursors]),
-        "{" + ",".join("t" if name in always else "f" for name in listed) + "}"]
-    if constant:
-        text = _fast_heads_constant(whole_backlog, tuple((name, limits[name]) for name in names))
-        params += [enqueues_seen, text_array(listed)]
-    else:
-        text = _FAST_HEADS_PG[whole_backlog]
-    return text, [*params, enqueues_seen, clock, clock, parts, clock, parts]
+    text = (_fast_heads_constant(whole_backlog, tuple((name, limits[name]) for name in names))
+            if constant else _FAST_HEADS_PG[whole_backlog])
+    return text, {
+        "targets": text_array(listed), "limits": int_array([limits[name] for name in listed]),
+        "band_froms": instant_array([c.band_from if c else None for c in cursors]),
+        "after_ats": instant_array([c.at if c else None for c in cursors]),
+        "after_ids": int_array([c.id if c else 0 for c in cursors]),
+        "always": "{" + ",".join("t" if name in always else "f" for name in listed) + "}",
+        "enqueues_seen": enqueues_seen, "now": dt(now), "partitions": int_array(partitions)}
 
 
 def _fast_window(whole_backlog: bool, target: str, limit: str) -> tuple[str, str]:
-    """A target's due rows in run order (``%s``: the clock, then its partitions) and the
-    condition that a row is its key's head."""
+    """A target's due rows in run order and the condition that a row is its key's head."""
     due = (f"SELECT {', '.join('j.' + c for c in JOB_COLUMNS)}, j.next_run_at "
            f"FROM {JOBS} j WHERE {FAST_PENDING} AND j.target = {target} "
-           "AND j.next_run_at <= %s AND {range} AND {partitions}")
+           "AND j.next_run_at <= %(now)s AND {range} AND {partitions}")
     head = ("(j.key IS NULL OR NOT EXISTS ("
             f"SELECT 1 FROM {JOBS} e WHERE e.status = '{PENDING_VALUE}' AND e.key IS NOT NULL "
             "AND e.partition = j.partition AND e.target = j.target AND e.key = j.key "
@@ -145,7 +141,7 @@ def _fast_heads_pg(whole_backlog: bool, constant: str = "") -> str:
     """The read of ``_fast_heads_sql``; ``constant``: a ``UNION ALL`` branch of the targets
     not passed as parameters (``_fast_heads_constant``)."""
     window, head = _fast_window(whole_backlog, "w.target", "w.lim")
-    partitions = "j.partition = ANY(%s::integer[])"
+    partitions = "j.partition = ANY(%(partitions)s::integer[])"
     # The lag band, then the rows after the cursor: two index ranges, in run order.
     band = window.format(range="j.next_run_at > w.band_from AND j.next_run_at < w.after_at",
                          partitions=partitions)
@@ -156,11 +152,13 @@ def _fast_heads_pg(whole_backlog: bool, constant: str = "") -> str:
         f"SELECT j.*, w.probe, w.enqueues, w.enqueues_open FROM (SELECT w.target, w.lim, "
         "w.band_from, w.after_at, w.after_id, c.n AS enqueues, c.open AS enqueues_open, "
         f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = w.target) AS probe "
-        "FROM (SELECT * FROM unnest(%s::text[], %s::integer[], %s::timestamptz[], "
-        "%s::timestamptz[], %s::bigint[], %s::boolean[]) AS a(target, lim, band_from, "
+        "FROM (SELECT * FROM unnest(%(targets)s::text[], %(limits)s::integer[], "
+        "%(band_froms)s::timestamptz[], %(after_ats)s::timestamptz[], "
+        "%(after_ids)s::bigint[], %(always)s::boolean[]) AS a(target, lim, band_from, "
         f"after_at, after_id, always){constant}) AS w "
-        f"CROSS JOIN {enqueues} AS c WHERE (w.always OR c.n > %s) AND NOT EXISTS ("
-        f"SELECT 1 FROM {PAUSES} p WHERE p.target = w.target AND p.paused_until > %s)) AS w "
+        f"CROSS JOIN {enqueues} AS c WHERE (w.always OR c.n > %(enqueues_seen)s) AND NOT EXISTS ("
+        f"SELECT 1 FROM {PAUSES} p WHERE p.target = w.target AND p.paused_until > %(now)s)) "
+        "AS w "
         f"CROSS JOIN LATERAL (SELECT * FROM (({band}) UNION ALL ({later})) AS u "
         "LIMIT w.lim) AS j" + ("" if whole_backlog else f" WHERE {head}"))
 
@@ -178,27 +176,34 @@ def _fast_heads_constant(whole_backlog: bool, limits: tuple[tuple[str, int], ...
     return _fast_heads_pg(whole_backlog, (
         " UNION ALL SELECT t.target, t.lim, '-infinity'::timestamptz, '-infinity'::timestamptz, "
         f"0::bigint, false FROM unnest({names}, '{lims}'::integer[]) AS t(target, lim) "
-        f"WHERE {_ENQUEUES_MOVED} AND t.target <> ALL(%s::text[])"))
+        f"WHERE {_ENQUEUES_MOVED} AND t.target <> ALL(%(targets)s::text[])"))
 
 
 def _fast_heads_sqlite(partitions: Sequence[int], now: datetime, limits: Mapping[str, int],
                        names: list[str], whole_backlog: bool, after: Mapping[str, Cursor]
-                       ) -> tuple[str, list[Any]]:
-    window, head = _fast_window(whole_backlog, "%s", "%s")
-    part_clause, part_params = in_("j.partition", partitions)
-    window = window.format(range="(j.next_run_at, j.id) > (%s, 0)", partitions=part_clause)
-    paused = f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %s)"
+                       ) -> tuple[str, dict[str, Any]]:
+    """``_fast_heads_sql`` on SQLite: a ``UNION ALL`` branch per target, its parameters
+    numbered (``target_0``, ``limit_0``, ``band_from_0``...)."""
+    window, head = _fast_window(whole_backlog, "%(target)s", "%(limit)s")
+    part_clause, params = named(in_("j.partition", partitions), "partitions")
+    window = window.format(range="(j.next_run_at, j.id) > (%(band_from)s, 0)",
+                           partitions=part_clause)
+    paused = f"EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %(target)s)"
     per_target = (f"SELECT *, {paused} AS probe, NULL AS enqueues, NULL AS enqueues_open "
                   f"FROM ({window}) AS j "
-                  f"WHERE NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %s "
-                  "AND p.paused_until > %s)" + ("" if whole_backlog else f" AND {head}"))
-    clock = dt(now)
-    params: list[Any] = []
-    for name in names:
+                  f"WHERE NOT EXISTS (SELECT 1 FROM {PAUSES} p WHERE p.target = %(target)s "
+                  "AND p.paused_until > %(now)s)" + ("" if whole_backlog else f" AND {head}"))
+    params["now"] = dt(now)
+    branches = []
+    for n, name in enumerate(names):
         cursor = after.get(name)
-        band_from = dt(cursor.band_from) if cursor else dt(BEGINNING)
-        params += [name, name, clock, band_from, *part_params, limits[name], name, clock]
-    return " UNION ALL ".join([per_target] * len(names)), params
+        branches.append(_OF_TARGET.sub(rf"%(\1_{n})s", per_target))
+        params |= {f"target_{n}": name, f"limit_{n}": limits[name],
+                   f"band_from_{n}": dt(cursor.band_from if cursor else BEGINNING)}
+    return " UNION ALL ".join(branches), params
+
+
+_OF_TARGET = re.compile(r"%\((target|limit|band_from)\)s")  # a branch's own parameters
 
 
 @dataclass(frozen=True)
@@ -327,10 +332,9 @@ def jobs_fast_poll(
     union, params = _fast_heads_sql(partitions, now, limits, after=after, always=always,
                                     enqueues_seen=enqueues_seen)
     # Whether the first target sends per row: one test of one name, whatever the count.
-    single = "(SELECT (SELECT min(target) FROM due) = ANY(%s::text[]))"  # an InitPlan
-    single_params = [_names_literal(_read_per_row(per_row, limits))]
+    single = "(SELECT (SELECT min(target) FROM due) = ANY(%(per_row)s::text[]))"  # an InitPlan
     first_rows = ("(SELECT id FROM due WHERE target = (SELECT min(target) FROM due) "
-                  "ORDER BY next_run_at, id LIMIT %s)")
+                  "ORDER BY next_run_at, id LIMIT %(per_row_send)s)")
     lazily = lazy_flush_item(flush_lazily, "EXISTS (SELECT 1 FROM first_send "
                            f"WHERE delivery_mode <> '{AT_LEAST_ONCE_VALUE}')")
     # The marks as one object {partition: ids}, made once: the update reads the owner's
@@ -342,14 +346,15 @@ def jobs_fast_poll(
         f"AND (NOT ({single}) OR id IN {first_rows})), "
         f"leased AS ({leased_partitions_sql(partitions='first_send')}), "
         f"marked AS (INSERT INTO {INFLIGHT} (token, partition, owner, ids, marked_at) "
-        "SELECT %s, partition, %s, jsonb_agg(id), %s FROM first_send "
+        "SELECT %(token)s, partition, %(owner)s, jsonb_agg(id), %(now)s FROM first_send "
         "WHERE partition IN (SELECT partition FROM leased) GROUP BY partition "
         "RETURNING partition) "
         f"SELECT {JOB_COLUMNS_SQL}, next_run_at, probe, enqueues, enqueues_open{lazily}, "
         "id IN (SELECT id FROM "
         "first_send) AND partition IN (SELECT partition FROM marked) FROM due "
         "ORDER BY next_run_at, id",
-        [*params, *single_params, per_row_send, owner, dt(now), token, owner, dt(now)],
+        {**params, "per_row": _names_literal(_read_per_row(per_row, limits)),
+         "per_row_send": per_row_send, "owner": owner, "token": token},
         prepare=True,
     )
     read = _read_fast(fetched)
@@ -369,11 +374,12 @@ def jobs_hold_key_until(job: Job, run_at: datetime) -> int:
     from walking them again and again until then.
     """
     return execute(
-        f"UPDATE {JOBS} SET next_run_at = %s WHERE status = %s AND partition = %s "
-        "AND target = %s AND key = %s AND (version > %s OR (version = %s AND id > %s)) "
-        "AND next_run_at < %s",
-        [dt(run_at), PENDING_VALUE, job.partition, job.target, job.key, job.version, job.version,
-         job.id, dt(run_at)],
+        f"UPDATE {JOBS} SET next_run_at = %(run_at)s WHERE status = %(pending)s "
+        "AND partition = %(partition)s AND target = %(target)s AND key = %(key)s "
+        "AND (version > %(version)s OR (version = %(version)s AND id > %(id)s)) "
+        "AND next_run_at < %(run_at)s",
+        {"run_at": dt(run_at), "pending": PENDING_VALUE, "partition": job.partition,
+         "target": job.target, "key": job.key, "version": job.version, "id": job.id},
     )
 
 

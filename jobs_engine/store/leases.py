@@ -21,6 +21,7 @@ from jobs_engine.store.dialect import (
     in_,
     json_param,
     jsonb,
+    named,
     read_dt,
     read_json,
     table,
@@ -37,9 +38,9 @@ from jobs_engine.store.rows import (
     TAKEOVER_REASON,
     WORKERS,
     ClosedJob,
+    attempts_as_read,
     closed_jobs,
     cut_error,
-    id_attempts_in,
     lazy_flush_item,
 )
 
@@ -122,9 +123,9 @@ def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list
     """Extend every lease ``owner`` still holds; a lease already expired is not renewed
     (another worker may have taken it). Returns the partitions still held."""
     rows = fetch(
-        f"UPDATE {PARTITIONS} SET lease_until = %s WHERE owner = %s AND lease_until > %s "
-        "RETURNING partition",
-        [dt(now + timedelta(seconds=lease_s)), owner, dt(now)],
+        f"UPDATE {PARTITIONS} SET lease_until = %(lease_until)s WHERE owner = %(owner)s "
+        "AND lease_until > %(now)s RETURNING partition",
+        {"lease_until": dt(now + timedelta(seconds=lease_s)), "owner": owner, "now": dt(now)},
     )
     return sorted(row[0] for row in rows)
 
@@ -256,23 +257,37 @@ def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) ->
 
 def pause_clear(target: str) -> int:
     return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])
+
+
 # -- in-flight marks ----------------------------------------------------------------------
 
 
-def leased_partitions_sql(owner_param: str = "%s", partitions: str = "mark") -> str:
-    """The partitions of ``partitions`` whose live lease ``owner`` holds, locked until the
-    statement's commit: a takeover's update of the partition waits for a mark, and a mark
-    made after a takeover finds the partition another's (a mark is never left unjudged)."""
-    return (f"SELECT partition FROM {PARTITIONS} WHERE owner = {owner_param} "
-            f"AND lease_until > %s AND partition IN (SELECT partition FROM {partitions})"
+def leased_partitions_sql(partitions: str = "mark") -> str:
+    """The partitions of ``partitions`` whose live lease ``%(owner)s`` holds at
+    ``%(now)s``, locked until the statement's commit: a takeover's update of the partition
+    waits for a mark, and a mark made after a takeover finds the partition another's (a
+    mark is never left unjudged)."""
+    return (f"SELECT partition FROM {PARTITIONS} WHERE owner = %(owner)s "
+            f"AND lease_until > %(now)s AND partition IN (SELECT partition FROM {partitions})"
             f"{for_share()}")
+
+
+def _id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, dict[str, Any]]:
+    """``(id, attempts)`` is one of ``rows``: read by the primary key, so even a large queue
+    costs a probe per row; one text for any number of rows on PostgreSQL."""
+    ids, id_params = named(in_("id", [job_id for job_id, _ in rows], arrays_from=1), "ids")
+    read, read_params = named(attempts_as_read(rows), "attempts")
+    return f"({ids} AND {read})", {**id_params, **read_params}
 
 
 def inflight_mark_if_leased(owner: str, now: datetime, token: str,
                             sending: Sequence[tuple[int, int, int]], *,
                             flush_lazily: bool = False) -> set[int]:
-    """Record rows about to be handed to a target as in flight (``InflightMark``: a row per
-    partition), under the poll's token, in one statement for every partition of the send.
+    """Record rows about to be handed to a target as in flight, if ``owner`` leases them.
+
+    Index: the primary key for the rows, ``jobs_inflight_by_token`` for the marks. A mark
+    (``InflightMark``) is a row per partition, under the poll's token, made in one
+    statement for every partition of the send.
 
     ``sending`` is the rows as (partition, id, attempts). A partition's rows are marked
     only while ``owner`` holds a live lease on it and every row of it in ``sending`` is
@@ -284,32 +299,36 @@ def inflight_mark_if_leased(owner: str, now: datetime, token: str,
     ids_of: dict[int, list[int]] = {}
     for partition, job_id, _ in sending:
         ids_of.setdefault(partition, []).append(job_id)
-    marks, mark_params = table([(p, json_param(ids), len(ids)) for p, ids in ids_of.items()],
-                               ("int", "jsonb", "int"), arrays_from=1, as_json=True)
-    sent, sent_params = id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
+    marks, mark_params = named(table([(p, json_param(ids), len(ids)) for p, ids in ids_of.items()],
+                                     ("int", "jsonb", "int"), arrays_from=1, as_json=True),
+                               "marks")
+    sent, sent_params = _id_attempts_in([(job_id, attempts) for _, job_id, attempts in sending])
     # One text for any send (arrays), prepared: an at-most-once per-row target runs it once
     # a row, and the server planned it at each call.
     rows = fetch(
         f"WITH mark(partition, ids, n) AS ({marks}), "
         f"live(partition, n) AS (SELECT partition, COUNT(*) FROM {JOBS} "
-        f"WHERE status = %s AND {sent} GROUP BY partition), "
+        f"WHERE status = %(pending)s AND {sent} GROUP BY partition), "
         f"leased AS ({leased_partitions_sql()}) "
         f"INSERT INTO {INFLIGHT} (token, partition, owner, ids, marked_at) "
-        f"SELECT %s, mark.partition, %s, {jsonb('mark.ids')}, %s FROM mark "
+        f"SELECT %(token)s, mark.partition, %(owner)s, {jsonb('mark.ids')}, %(now)s FROM mark "
         "JOIN live ON live.partition = mark.partition AND live.n = mark.n "
         "WHERE mark.partition IN (SELECT partition FROM leased) RETURNING partition"
         + lazy_flush_item(flush_lazily),
-        [*mark_params, PENDING_VALUE, *sent_params, owner, dt(now), token, owner, dt(now)],
+        {**mark_params, **sent_params, "pending": PENDING_VALUE, "owner": owner,
+         "now": dt(now), "token": token},
         prepare=True,
     )
     return {row[0] for row in rows}
 
 
 def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
-    """Ids of the (id, attempts) rows that are still PENDING as read."""
-    pending, params = id_attempts_in(rows)
-    return {row[0] for row in fetch(
-        f"SELECT id FROM {JOBS} WHERE status = %s AND {pending}", [PENDING_VALUE, *params])}
+    """Ids of the (id, attempts) rows that are still PENDING as read.
+
+    Index: the primary key."""
+    pending, params = _id_attempts_in(rows)
+    return {row[0] for row in fetch(f"SELECT id FROM {JOBS} WHERE status = %(pending)s "
+                                    f"AND {pending}", {**params, "pending": PENDING_VALUE})}
 
 
 def clear_inflight_sql(token: str) -> tuple[str, list[Any]]:

@@ -26,7 +26,6 @@ from jobs_engine.models import (
 from jobs_engine.models import Job as JobTable
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, DeliveryMode, Lane
 from jobs_engine.store.dialect import (
-    in_,
     read_dt,
     read_json,
     table,
@@ -163,14 +162,6 @@ def attempts_as_read(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
         return "attempts = %s", [rows[0][1]]
     pairs, params = table(rows, ("bigint", "integer"), arrays_from=1)
     return f"(id, attempts) IN ({pairs})", params
-
-
-def id_attempts_in(rows: Sequence[tuple[int, int]]) -> tuple[str, list[Any]]:
-    """``(id, attempts)`` is one of ``rows``: read by the primary key, so even a large queue
-    costs a probe per row; one text for any number of rows on PostgreSQL."""
-    ids, id_params = in_("id", [job_id for job_id, _ in rows], arrays_from=1)
-    read, read_params = attempts_as_read(rows)
-    return f"({ids} AND {read})", [*id_params, *read_params]
 
 
 @dataclass(frozen=True)
