@@ -53,8 +53,9 @@ L_N = max(10, int(300 * SCALE))
 L_RATE = 50.0          # 20 ms apart
 DRAIN_POLL_S = 0.02    # as the jobs engine's bench samples its drain
 
-# The families summarize.py compares: ours, the peers, and the raw reference.
-OURS = "jobs-engine"
+# The families summarize.py compares: ours, the peers, and the raw reference. JE_LABEL
+# names another checkout's engine in a run beside this one (run.sh's ``before`` system).
+OURS = os.environ.get("JE_LABEL", "jobs-engine")
 PEERS = ("River", "graphile-worker", "PgQueuer")
 REFERENCE = "raw psycopg"
 

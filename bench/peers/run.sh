@@ -11,7 +11,8 @@
 #   ROUNDS         rounds (default 3)
 #   BENCH_RESULTS  the JSON lines (default $PEERS_WORK/results/peers-<UTC time>.jsonl);
 #                  the table goes beside it as .md
-#   SYSTEMS        a subset, e.g. "je river" (default: baseline je river graphile pgqueuer)
+#   SYSTEMS        a subset, e.g. "je river" (default: baseline je river graphile pgqueuer);
+#                  "before": the engine of the checkout JE_BEFORE, e.g. SYSTEMS="je before"
 #   KEEP_PG=1      keep the bench's PostgreSQL running if this run started it
 #
 #   bash bench/peers/run.sh xmin       # the old-snapshot shape instead (xmin.py): per round,
@@ -44,6 +45,17 @@ ROUNDS="${ROUNDS:-3}"
 
 sys_baseline() { "$PEERS_PY" bench_baseline.py && "$PEERS_PY" bench_baseline_lat.py; }
 sys_je()       { "$JE_PYTHON" bench_je.py E100 E1 Eprepared D1 D1batch L; }
+# Another checkout of the engine (JE_BEFORE: its directory, e.g. a git worktree of an
+# earlier commit whose bench/peers/common.py reads JE_LABEL), beside this one in one run.
+# Its own database, so neither engine's migrations meet the other's tables.
+before() {
+    [[ -n "${JE_BEFORE:-}" ]] || { echo "run.sh: the before system needs JE_BEFORE" >&2; return 1; }
+    [[ "$(peers_psql -d postgres -Atc "SELECT 1 FROM pg_database WHERE datname = 'jobs_engine_before'")" == 1 ]] \
+        || peers_psql -d postgres -c "CREATE DATABASE jobs_engine_before"
+    JE_LABEL="jobs-engine before" JE_DB=jobs_engine_before "$JE_PYTHON" "$JE_BEFORE/bench/peers/bench_je.py" "$@"
+}
+sys_before()   { before E100 E1 D1 L; }
+xmin_before()  { before Xmin; }
 sys_river()    { "$PEERS_PY" run_peer.py river E100 E100fast E1 D1 D1c1 D1bench L; }
 sys_graphile() { "$PEERS_PY" run_peer.py graphile E100 E1 D1 L; }
 sys_pgqueuer() { "$PEERS_PY" run_peer.py pgqueuer E100 E1 D1 L; }
