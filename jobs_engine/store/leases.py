@@ -13,10 +13,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobs_engine.states import DeliveryMode
-from jobs_engine.store.dialect import (
-    dt,
+from jobs_engine.store.connection import (
     execute,
     fetch,
+)
+from jobs_engine.store.dialect import (
+    dt,
     for_share,
     in_,
     json_param,
