@@ -137,7 +137,7 @@ def backlog_sqlite(plain: int, keys: int, held: int, hot: int, n_long: int) -> N
 def capture_sql(call: Callable[[], Any]) -> list[tuple[str, Any]]:
     """The statements ``call`` runs, with their parameters, with ``%s`` placeholders (a
     worker session's prepared statements reach the backend with PostgreSQL's own,
-    ``$1``..., made by ``store.dialect.native_placeholders``), to run on Django's cursor."""
+    ``$1``..., made by ``store.connection.native_placeholders``), to run on Django's cursor."""
     seen: list[tuple[str, Any]] = []
 
     def wrapper(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
@@ -150,7 +150,7 @@ def capture_sql(call: Callable[[], Any]) -> list[tuple[str, Any]]:
 
 
 def _percent_placeholders(query: str, params: Any) -> tuple[str, Any]:
-    """``store.dialect.native_placeholders`` undone: ``$n`` back to ``%s``, ``%`` doubled,
+    """``store.connection.native_placeholders`` undone: ``$n`` back to ``%s``, ``%`` doubled,
     and the parameters in the text's order (a named parameter's number may repeat)."""
     if not _NATIVE.search(query):
         return query, params

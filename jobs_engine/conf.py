@@ -62,6 +62,11 @@ class JobsSettings:
     # may run those jobs again, which at least once allows; at-most-once rows, exclusive
     # codes and every other write always wait. False: every commit waits for its flush.
     LAZY_FLUSH_AT_LEAST_ONCE: bool = True
+    # PostgreSQL: the planner policy of a worker's sessions (``store/planning.py``): one
+    # generic plan per prepared statement, made again once a second and when a burst
+    # comes, no JIT, the jobs table analysed when a burst outgrows its statistics. False:
+    # the sessions keep PostgreSQL's defaults (statements are still prepared).
+    PLANNER_POLICY: bool = True
     WORKERS: bool = True
     NOTIFY: bool = True  # PostgreSQL only: wake workers on commit instead of the next poll
     # ``/metrics`` answers a request with ``Authorization: Bearer <METRICS_TOKEN>`` (a

@@ -10,7 +10,7 @@ from typing import Any
 from jobs_engine import store
 from jobs_engine.errors import InvalidJob
 from jobs_engine.states import JobStatus
-from jobs_engine.store.dialect import read_dt, read_json
+from jobs_engine.store import read_dt, read_json
 
 MAX_JOB_ID = 2**63 - 1  # bigint
 

@@ -61,7 +61,8 @@ from common import (  # noqa: E402
     url,
 )
 
-os.environ["DATABASE_URL"] = url(os.environ.get("JE_DB", "jobs_engine"))  # run.sh's "before": its own
+# run.sh's "before" system has a database of its own.
+os.environ["DATABASE_URL"] = url(os.environ.get("JE_DB", "jobs_engine"))
 os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
 
 from bench import run  # noqa: E402  (sets nothing up on import)

@@ -255,6 +255,10 @@ class WorkerProcess:
         self._heartbeat_ok_until = 0.0
         self._stop_beats = threading.Event()
         self.retention = RetentionService(self.settings)  # keep counts, DEAD_TTL_DAYS, unhandled
+        # The planner policy of this process's sessions (``store/planning.py``): on or off by
+        # ``PLANNER_POLICY``, before any statement; then told what each poll saw.
+        self.planner = store.planner
+        self.planner.enable(self.settings.PLANNER_POLICY)
 
     def _poke(self) -> None:
         if self.wakeup is not None:
@@ -329,7 +333,7 @@ class WorkerProcess:
             delays = []
             handled_total = 0
             faulted = False
-            store.poll_woken(woken)
+            self.planner.poll_woken(woken)
             if time.monotonic() < self._heartbeat_ok_until:
                 steps = ((Lane.FAST, functools.partial(
                     self.fast.run_once, woken=woken, named=self.wakeup.named)),
@@ -349,10 +353,10 @@ class WorkerProcess:
                 delays.append(self._survive("service", service, self.settings.POLL_S).value)
             # Rows handed: the plans made while there were none are made again (off the
             # wake-up's path: the poll that handed them has run).
-            store.queue_busy(bool(handled_total))
+            self.planner.queue_busy(bool(handled_total))
             if handled_total:  # a step that ran no statement must not end an outage
                 self._survive("statistics", functools.partial(
-                    store.jobs_analyze_when_behind, handled_total), False)
+                    self.planner.analyze_when_behind, handled_total), False)
             idle = 0 if handled_total else idle + (not checking)  # the check is no idle poll
             failures = failures + 1 if faulted else 0
             wait = backoff_s(failures) if faulted else min(delays, default=self.settings.POLL_S)

@@ -8,23 +8,17 @@
 - ``leases``: who may act (worker liveness, partition leases, in-flight marks, pauses);
 - ``control``: what operators see and do (the admin, the API, ``/metrics``, retention);
 - ``rows``: what the families share (tables, a lane's row, the state machine's edges);
-- ``planning``: the planner policy;
-- ``dialect``: the few pieces in which PostgreSQL and SQLite differ.
+- ``planning``: the planner policy of the worker's sessions (``planner``, its one owner);
+- ``connection``: how statements run (cursors, prepared statements, parameters);
+- ``dialect``: the fragments and values in which PostgreSQL and SQLite differ.
 
 Callers write ``store.<function>``; the lanes, leases and outcome code never write SQL.
 """
 
+from jobs_engine.store.connection import db_now, is_postgres
 from jobs_engine.store.control import *  # noqa: F403
 from jobs_engine.store.control import __all__ as _control
-from jobs_engine.store.dialect import (
-    WOKEN_POLL_ROWS,
-    db_now,
-    is_postgres,
-    poll_woken,
-    queue_busy,
-    table_row_estimate,
-    writable_ctes,
-)
+from jobs_engine.store.dialect import read_dt, read_json, writable_ctes
 from jobs_engine.store.enqueue import *  # noqa: F403
 from jobs_engine.store.enqueue import __all__ as _enqueue
 from jobs_engine.store.fast import *  # noqa: F403
@@ -42,6 +36,5 @@ from jobs_engine.store.planning import __all__ as _planning
 from jobs_engine.store.rows import *  # noqa: F403
 from jobs_engine.store.rows import __all__ as _rows
 
-__all__ = ["WOKEN_POLL_ROWS", "db_now", "is_postgres", "poll_woken", "queue_busy",
-           "table_row_estimate", "writable_ctes", *_rows, *_enqueue, *_fast, *_long,
-           *_outcomes, *_flows, *_planning, *_leases, *_control]
+__all__ = ["db_now", "is_postgres", "read_dt", "read_json", "writable_ctes", *_rows, *_enqueue,
+           *_fast, *_long, *_outcomes, *_flows, *_planning, *_leases, *_control]

@@ -17,10 +17,12 @@ from django.db import transaction
 from jobs_engine import states
 from jobs_engine.models import JobStatShard
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, Lane
-from jobs_engine.store.dialect import (
-    dt,
+from jobs_engine.store.connection import (
     execute,
     fetch,
+)
+from jobs_engine.store.dialect import (
+    dt,
     in_,
     json_array_has,
     json_array_length,

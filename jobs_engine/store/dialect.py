@@ -1,28 +1,25 @@
-"""What PostgreSQL and SQLite do differently, and nothing else.
+"""What PostgreSQL and SQLite do differently in a statement, and nothing else: fragments of
+its text (array and list parameters, jsonb casts, row locks, JSON array tests, the clock,
+whether one statement may read and update), the form of the values it takes and gives
+back (timestamps, JSON), and a session's statistics shard.
 
-The queue's statements are written once, in ``queue.py`` and ``operators.py``; the pieces
-in which the two databases differ (array parameters, jsonb casts, row locks, NOTIFY, JSON
-array tests, reading timestamps back, the clock) come from here. A third database (a
-MongoDB implementation of a hot query, say) starts by reading this file.
+No statement runs here: ``connection`` runs them, and the planner policy is ``planning``'s.
+The statement families (``enqueue``, ``fast``, ``long``, ...) are written once, with these
+pieces where the two databases differ. A third database (a MongoDB implementation of a hot
+query, say) starts by reading this file.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
-import re
-import time
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.utils import CursorWrapper
-from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+
+from jobs_engine.store.connection import conn, is_postgres
 
 # Lists from this length on go to PostgreSQL as one array parameter: the statement's text
 # stays the same whatever the length, so the driver does not parse a new text at every
@@ -31,287 +28,7 @@ from django.utils.dateparse import parse_datetime
 ARRAY_FROM = 16
 
 
-def conn(using: str | None = None) -> BaseDatabaseWrapper:
-    """The connection itself, not ``django.db.connection``: that proxy looks the
-    connection up again (a context-local read) at every attribute, dozens per poll."""
-    return connections[using or DEFAULT_DB_ALIAS]
-
-
-@cache
-def _vendor(alias: str) -> str:
-    # Fixed for the process, where ``connections[alias]`` is a context-local read: asked
-    # several times a write, and once a row by ``dt``.
-    return str(connections[alias].vendor)
-
-
-def is_postgres(using: str | None = None) -> bool:
-    return _vendor(using or DEFAULT_DB_ALIAS) == "postgresql"
-
-
-# -- running statements ----------------------------------------------------------------
-
-
-@cache
-def _timestamptz_loader() -> type:
-    # psycopg is imported only on PostgreSQL: a SQLite-only project need not install it.
-    from psycopg.types.datetime import TimestamptzLoader
-
-    return TimestamptzLoader
-
-
-# A statement's parameters: positional (``%s``) or named (``%(name)s``); a text uses one kind.
-Params = Sequence[Any] | Mapping[str, Any]
-
-
-def fetch(sql: str, params: Params = (), using: str | None = None, *,
-          prepare: bool = False) -> list[tuple[Any, ...]]:
-    """The rows of ``sql``. ``prepare`` (PostgreSQL): the server keeps the statement's plan
-    on this connection, for a statement whose text repeats and whose planning costs more
-    than its run (the fast lane's poll: ~2 ms to plan, ~0.4 ms to run)."""
-    db = conn(using)
-    if prepare and db.vendor == "postgresql":
-        cursor = _prepared_cursor(db)  # the session's own, kept open: not closed here
-        text, names = native_placeholders(sql)
-        cursor.execute(text, [params[name] for name in names]
-                       if isinstance(params, Mapping) else params)
-        return cursor.fetchall() if cursor.description else []
-    with db.cursor() as cursor:
-        if db.vendor == "postgresql":
-            _load_timestamptz(cursor.cursor)
-        cursor.execute(*positional(sql, params))
-        return cursor.fetchall() if cursor.description else []
-
-
-@lru_cache(maxsize=512)
-def native_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
-    """``sql`` with PostgreSQL's own placeholders (``$1``, ``$2``, ...) for the session's
-    ``RawCursor``, made once per text, and the parameter names in their numbers' order
-    (none for a positional text; a name used twice is one number). psycopg converts
-    ``%s`` at every execution, and caches the conversion only for texts under 4 kB: the
-    long-lane reserve with 500 registered targets (49 kB) spent 0.3 ms a reserve in it."""
-    numbers = itertools.count(1)
-    names: dict[str, int] = {}
-
-    def number(match: re.Match[str]) -> str:
-        if match.group() == "%%":
-            return "%"
-        name = match.group(1)
-        if name is None:
-            return f"${next(numbers)}"
-        if name not in names:
-            names[name] = next(numbers)
-        return f"${names[name]}"
-
-    return _PLACEHOLDER.sub(number, sql), tuple(names)
-
-
-_PLACEHOLDER = re.compile(r"%%|%s|%\((\w+)\)s")
-
-
-def positional(sql: str, params: Params) -> tuple[str, Sequence[Any]]:
-    """``sql`` and ``params`` as Django's cursors take them on every database (``%s``)."""
-    if not isinstance(params, Mapping):
-        return sql, params
-    text, names = _positional_names(sql)
-    return text, [params[name] for name in names]
-
-
-@lru_cache(maxsize=512)
-def _positional_names(sql: str) -> tuple[str, tuple[str, ...]]:
-    """``sql``'s named placeholders as ``%s``, and the name of each, in the text's order."""
-    names: list[str] = []
-
-    def unnamed(match: re.Match[str]) -> str:
-        if match.group(1) is None:
-            return match.group()  # ``%%`` stays for the driver; a text is named or not
-        names.append(match.group(1))
-        return "%s"
-
-    return _PLACEHOLDER.sub(unnamed, sql), tuple(names)
-
-
-def named(fragment: tuple[str, Sequence[Any]], name: str) -> tuple[str, dict[str, Any]]:
-    """A fragment made with positional parameters (``in_``, ``table``, ``values_``) for a
-    statement with named ones: its one parameter ``name``, or ``name_0``, ``name_1``..."""
-    sql, params = fragment
-    keys = [name] if len(params) == 1 else [f"{name}_{n}" for n in range(len(params))]
-    places = iter(keys)
-    text = _PLACEHOLDER.sub(lambda m: m.group() if m.group() == "%%" else f"%({next(places)})s",
-                            sql)
-    return text, dict(zip(keys, params, strict=True))
-
-
-def _load_timestamptz(cursor: Any) -> None:
-    """The driver's own timestamptz loader: Django's wrapper re-sets the time zone of every
-    value in Python, a third of the fast lane's row decoding. The driver's values are
-    aware, in the session time zone Django sets: the same instants."""
-    cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
-
-
-# How long a worker session keeps the generic plans of its prepared statements before it
-# makes them again (seconds, monotonic): a plan is made for the table's size at the time.
-REPLAN_S = 1.0
-# Sessions whose prepared statements are this module's only -> when their plans were made.
-_plans_made: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-# Sessions whose plans were made while this process's worker was finding rows.
-_made_busy: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-_monotonic = time.monotonic
-_busy = False  # this process's worker found rows at its last poll (``queue_busy``)
-_woken = False  # its next poll answers a wake-up (``poll_woken``)
-
-
-def queue_busy(busy: bool) -> None:
-    """This process's worker found rows to hand (``busy``) or none. Plans made while it
-    found none may have been made for an empty queue, and would read a burst until
-    ``REPLAN_S`` passed (three long-lane workers drained a 10,000-row burst at 0.9x one
-    worker's rate, each spending its first two reserves, 0.8 s, in plans made for no
-    rows): once it finds rows, each session's next prepared statement makes such plans
-    again, and plans made since are kept for ``REPLAN_S``."""
-    global _busy
-    _busy = busy
-
-
-# A poll answering a wake-up reads at most this many rows (per target on the fast lane).
-# It runs on the plans the session has (``poll_woken``), which may have been made while
-# the table was empty: with the table analysed empty, such a plan walked the whole table
-# once per row read (a fast poll of 1,000 rows into a 50,000-row burst took 4 s; of 10,
-# 80 ms). The poll after it plans for the table as it is and reads the rest.
-WOKEN_POLL_ROWS = 10
-
-
-def poll_woken(woken: bool) -> None:
-    """This process's worker's next poll answers a wake-up (a NOTIFY or a poke after an
-    idle wait). It runs with the plans the session has and the table size last read,
-    however old: made again at the poll after it. Idle more than ``REPLAN_S``, a worker
-    otherwise spent its wake-up remaking them (1.2 ms of the 5 ms from commit to handler
-    that sparse events took)."""
-    global _woken
-    _woken = woken
-
-
-# A worker session's settings: one generic plan per statement, and no JIT compilation.
-# The engine's statements run in a millisecond or two; a plan costed past
-# ``jit_above_cost`` (a window's limit a tenth of a large table, many targets) was compiled
-# first, at every run of a generic plan: 45 ms of a poll at a million rows.
-_WORKER_SESSION = ("SELECT set_config('plan_cache_mode', 'force_generic_plan', false), "
-                   "set_config('jit', 'off', false)")
-
-
-def _prepared_cursor(db: Any) -> Any:
-    """A Django cursor (its wrappers, its errors) over a server-side binding psycopg cursor
-    that prepares what it runs. Django's own cursors bind client-side, so the server parses
-    and plans every statement anew; and Django turns prepared statements off for
-    transaction-mode poolers, which a worker cannot use anyway (``LISTEN`` needs a session).
-
-    The session keeps one generic plan per statement (``force_generic_plan``): planning
-    cost more than running (0.48 ms of a 0.29 ms long-lane reserve, 1-2 ms of a fast
-    poll). But a generic plan is made for the table's size at that time, and kept: a
-    worker that first polled an empty queue kept a sequential scan for the burst that
-    followed (three long-lane workers drained 10,000 rows at 500 jobs/s instead of 6,600).
-    So the session drops its plans every ``REPLAN_S`` and makes them again for the table
-    as it is then: a plan made on a small table serves one second at most (and the poll
-    answering a wake-up, ``poll_woken``), and once the worker finds rows, none made
-    while it found none (``queue_busy``). Where the project binds server-side itself,
-    its statements are prepared too: its ``prepare_threshold`` and the plan cache mode
-    stand.
-
-    The psycopg cursor is made once per session and kept open: making one (its adapters,
-    the timestamptz loader) and closing it took 14 µs of a one-row statement's 116 (the
-    round trip alone is ~86), and an at-most-once per-row target runs one such statement
-    per row.
-    """
-    import psycopg
-
-    db.ensure_connection()
-    raw_connection = db.connection
-    if db.settings_dict["OPTIONS"].get("server_side_binding") is not True:
-        made, now = _plans_made.get(raw_connection), _monotonic()
-        raw_connection.prepare_threshold = 0  # only server-side cursors, so only these
-        # In autocommit only: a SET in a transaction would end with a rollback.
-        stale = made is None or (not _woken and (
-            not 0 <= now - made < REPLAN_S
-            or (_busy and not _made_busy.get(raw_connection, False))))
-        if stale and db.get_autocommit():
-            with db.wrap_database_errors:
-                raw_connection.execute(_WORKER_SESSION if made is None else "DISCARD PLANS")
-            _plans_made[raw_connection] = now
-            _made_busy[raw_connection] = _busy
-    # Kept on Django's wrapper of the session, which outlives its raw connections: a
-    # reconnect makes a new cursor, and the old one goes with its connection.
-    kept = getattr(db, "_jobs_engine_cursor", None)
-    if kept is None or kept.connection is not raw_connection:
-        kept = psycopg.RawCursor(raw_connection)  # ``native_placeholders``
-        _load_timestamptz(kept)
-        db._jobs_engine_cursor = kept
-    return _wrapped(db, kept)
-
-
-def fetch_insert(sql: str, params: Params, using: str | None = None, *,
-                 plan_may_be_kept: bool) -> list[tuple[Any, ...]]:
-    """``fetch`` for an enqueue's insert, in the caller's session and transaction.
-
-    On PostgreSQL its parameters are bound on the server, not quoted into the statement's
-    text as Django's cursors do, so the text repeats and can be prepared. A statement
-    whose plan may be kept (``plan_may_be_kept``: it inserts values and looks up the
-    unique dedupe key only, the right plan at every size of the table) is prepared where
-    the connection allows it (``_may_prepare``): planning was a third of a one-row
-    enqueue's time on the server. The caller's session settings are left as they are.
-    """
-    db = conn(using)
-    if db.vendor != "postgresql":
-        return fetch(sql, params, using)
-    db.ensure_connection()
-    prepare = plan_may_be_kept and _may_prepare(db)
-    with _wrapped(db, _insert_cursor_class(prepare)(db.connection)) as cursor:
-        cursor.execute(sql, params)  # ids and keys back: no timestamp to load
-        rows: list[tuple[Any, ...]] = cursor.fetchall()
-        return rows
-
-
-@cache
-def _insert_cursor_class(prepare: bool) -> type:
-    """A psycopg cursor whose every statement is prepared, or never is: Django's wrapper
-    (its errors, its query log, which ``assertNumQueries`` counts) passes no options."""
-    import psycopg
-
-    class InsertCursor(psycopg.Cursor):
-        def execute(self, query: Any, params: Any = None, **options: Any) -> Any:
-            return super().execute(query, params, **{"prepare": prepare, **options})
-
-    return InsertCursor
-
-
-def _may_prepare(db: BaseDatabaseWrapper) -> bool:
-    """Whether a statement may be prepared on the caller's connection. Django leaves
-    prepared statements off unless the project turns them on (``OPTIONS``
-    ``prepare_threshold``): a transaction-mode pooler may give the next transaction
-    another server session, where a statement prepared in this one does not exist. A
-    worker's session has them on (``_prepared_cursor``; it needs a session anyway).
-    ``DISABLE_SERVER_SIDE_CURSORS``, Django's setting for such a pooler, keeps them off."""
-    if db.settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
-        return False
-    return db.connection.prepare_threshold is not None
-
-
-def _wrapped(db: BaseDatabaseWrapper, raw: Any) -> CursorWrapper:
-    """Django's wrapper over a raw cursor: its error translation and query logging."""
-    return db.make_debug_cursor(raw) if db.queries_logged else db.make_cursor(raw)
-
-
-def execute(sql: str, params: Params = (), using: str | None = None) -> int:
-    with conn(using).cursor() as cursor:
-        cursor.execute(*positional(sql, params))
-        count: int = cursor.rowcount
-        return count
-
-
-def db_now() -> datetime:
-    """The database's clock: every lease and liveness decision is made on it (SQLite, one
-    process on one machine, has the process's)."""
-    if is_postgres():
-        now: datetime = fetch("SELECT clock_timestamp()")[0][0]
-        return now
-    return timezone.now()
+# -- the clock --------------------------------------------------------------------------
 
 
 def clock_text(using: str | None = None) -> str:
@@ -471,7 +188,7 @@ def _iso(value: Any) -> str:
 _ROWS_ENCODER = json.JSONEncoder(separators=(",", ":"), default=_iso)
 
 
-# -- locks, notifications, JSON arrays --------------------------------------------------
+# -- locks, JSON in SQL, what one statement may do ---------------------------------------
 
 
 def skip_locked() -> str:
@@ -526,27 +243,3 @@ def session_shard(shards: int, using: str | None = None) -> int:
         return 0
     db.ensure_connection()
     return int(db.connection.info.backend_pid) % shards
-
-
-_row_estimates: dict[str, tuple[float, int | None]] = {}  # table -> (read at, rows)
-
-
-def planned_rows(table_name: str, *, fresh: bool = False) -> int | None:
-    """``table_row_estimate``, read again at most once a ``REPLAN_S``: the size the plans a
-    worker session makes (as often) are made for. ``fresh``: read now."""
-    now = _monotonic()
-    seen = _row_estimates.get(table_name)
-    if fresh or seen is None or (not _woken and not 0 <= now - seen[0] < REPLAN_S):
-        seen = _row_estimates[table_name] = (now, table_row_estimate(table_name))
-    return seen[1]
-
-
-def table_row_estimate(table_name: str) -> int | None:
-    """PostgreSQL's planner estimate of a table's rows (no scan); None elsewhere or when
-    the table was never analysed."""
-    if not is_postgres():
-        return None
-    rows = fetch("SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)", [table_name])
-    if not rows or rows[0][0] is None or rows[0][0] < 0:
-        return None
-    return int(rows[0][0])

@@ -9,15 +9,17 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from jobs_engine.states import Lane
+from jobs_engine.store.connection import (
+    fetch,
+    fetch_insert,
+    is_postgres,
+)
 from jobs_engine.store.dialect import (
     clock_params,
     clock_text,
     dt,
-    fetch,
-    fetch_insert,
     greatest,
     in_,
-    is_postgres,
     json_param,
     json_rows,
     jsonb,

@@ -10,15 +10,17 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from jobs_engine.job import Job
-from jobs_engine.store.dialect import (
-    dt,
+from jobs_engine.store.connection import (
     execute,
     fetch,
+    is_postgres,
+    named,
+)
+from jobs_engine.store.dialect import (
+    dt,
     in_,
     instant_array,
     int_array,
-    is_postgres,
-    named,
     names_constant,
     read_dt,
     text_array,

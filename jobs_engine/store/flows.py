@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jobs_engine.states import StepState
-from jobs_engine.store.dialect import (
+from jobs_engine.store.connection import (
     execute,
+)
+from jobs_engine.store.dialect import (
     table,
 )
 from jobs_engine.store.rows import FLOW_STEPS

@@ -13,15 +13,17 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from jobs_engine.states import DeliveryMode
-from jobs_engine.store.dialect import (
-    dt,
+from jobs_engine.store.connection import (
     execute,
     fetch,
+    named,
+)
+from jobs_engine.store.dialect import (
+    dt,
     for_share,
     in_,
     json_param,
     jsonb,
-    named,
     read_dt,
     read_json,
     table,

@@ -11,15 +11,17 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, transaction
 
 from jobs_engine.job import Job
-from jobs_engine.store.dialect import (
-    dt,
+from jobs_engine.store.connection import (
     execute,
     fetch,
+    named,
+)
+from jobs_engine.store.dialect import (
+    dt,
     in_,
     in_names,
     json_append,
     json_object,
-    named,
     read_dt,
     read_json,
     skip_locked,

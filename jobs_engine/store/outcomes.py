@@ -8,10 +8,12 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from jobs_engine.states import DELETED, DONE, Lane
-from jobs_engine.store.dialect import (
-    dt,
+from jobs_engine.store.connection import (
     execute,
     fetch,
+)
+from jobs_engine.store.dialect import (
+    dt,
     in_,
     json_append,
     json_dt,

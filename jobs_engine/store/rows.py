@@ -121,8 +121,8 @@ PENDING_VALUE, RUNNING_VALUE, DEAD_VALUE = PENDING.value, RUNNING.value, DEAD.va
 AT_MOST_ONCE_VALUE = DeliveryMode.AT_MOST_ONCE.value
 AT_LEAST_ONCE_VALUE = DeliveryMode.AT_LEAST_ONCE.value
 # A hot prepared statement names the lane and state of the partial index it reads as
-# literals, not parameters: its generic plan (``dialect._prepared_cursor``) can then use
-# that index, where with parameters only a plan made for each call's values can.
+# literals, not parameters: its generic plan (``planning``) can then use that index,
+# where with parameters only a plan made for each call's values can.
 LONG_PENDING = f"j.lane = '{Lane.LONG.value}' AND j.status = '{PENDING_VALUE}'"
 FAST_PENDING = f"j.lane = '{Lane.FAST.value}' AND j.status = '{PENDING_VALUE}'"
 

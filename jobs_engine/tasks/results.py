@@ -19,7 +19,7 @@ from django.utils.module_loading import import_string
 
 from jobs_engine.inspection import JobInfo
 from jobs_engine.states import JobStatus
-from jobs_engine.store.dialect import read_dt
+from jobs_engine.store import read_dt
 from jobs_engine.tasks.compat import InvalidTask, Task, TaskError, TaskResult, TaskResultStatus
 
 STATUSES = {JobStatus.PENDING: TaskResultStatus.READY, JobStatus.RUNNING: TaskResultStatus.RUNNING,

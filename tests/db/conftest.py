@@ -1,5 +1,6 @@
-"""Fixtures of the database tests: a defined flow for the flows' tests; and a tenant resolver
-reading headers (``BY_TENANT``, importable as ``tests.db.conftest.by_tenant``)."""
+"""Fixtures of the database tests: a defined flow for the flows' tests; a tenant resolver
+reading headers (``BY_TENANT``, importable as ``tests.db.conftest.by_tenant``); and the
+process's planner on a clock the test moves."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Iterator
 import pytest
 from django.http import HttpRequest
 
-from jobs_engine import flows
+from jobs_engine import flows, store
 from jobs_engine.errors import InvalidFlow
 from jobs_engine.flows import Definition, Step
 from jobs_engine.tenancy import PLATFORM, Scope
+from tests.helpers import FakeMonotonic
 
 MONTHLY = "monthly-report"
 # For ``JOBS["TENANT_RESOLVER"]``: the tests act as the tenant of the ``X-Tenant`` header,
@@ -37,3 +39,15 @@ def monthly() -> Iterator[Definition]:
     """The defined flow ``monthly-report`` (a chain of two; a non-text input is refused)."""
     yield flows.define(MONTHLY, build_monthly, "Build and mail the monthly report")
     flows._definitions.pop(MONTHLY, None)
+
+
+@pytest.fixture
+def planner_clock() -> Iterator[FakeMonotonic]:
+    """``store.planner`` as a new worker process finds it (on, not busy, not woken, no table
+    size read, never analysed, every session's plans due to be made again), its intervals
+    measured on the clock returned, which moves only when the test moves it; as new again,
+    on the real clock, after the test."""
+    clock = FakeMonotonic()
+    store.planner.reset(clock=clock)
+    yield clock
+    store.planner.reset()

@@ -26,7 +26,7 @@ from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import Worker
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
-from jobs_engine.store import dialect
+from jobs_engine.store.connection import fetch
 from tests.db.test_fast_lane import keys_in, make_worker
 from tests.helpers import FakeMonotonic, in_flight
 
@@ -269,21 +269,21 @@ def test_database_faults_are_told_from_bugs() -> None:
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_prepared_statements_share_the_sessions_cursor_and_a_new_session_gets_its_own() -> None:
-    """``dialect.fetch(prepare=True)`` keeps one cursor per session (made once: its adapters
+    """``fetch(prepare=True)`` keeps one cursor per session (made once: its adapters
     and timestamptz loader); Django's wrapper still turns an error into Django's, the
     cursor serves on after it, and a reconnect gets a cursor of its new session."""
     from django.db import DataError, connection
 
     if connection.vendor != "postgresql":
         return  # SQLite statements are never prepared: nothing is kept
-    assert dialect.fetch("SELECT clock_timestamp()", prepare=True)[0][0].tzinfo is not None
+    assert fetch("SELECT clock_timestamp()", prepare=True)[0][0].tzinfo is not None
     kept = connection._jobs_engine_cursor
-    assert dialect.fetch("SELECT %s::int + 1", [1], prepare=True) == [(2,)]
+    assert fetch("SELECT %s::int + 1", [1], prepare=True) == [(2,)]
     assert connection._jobs_engine_cursor is kept and not kept.closed
     with pytest.raises(DataError):
-        dialect.fetch("SELECT 1 / %s::int", [0], prepare=True)
-    assert dialect.fetch("SELECT %s::int", [3], prepare=True) == [(3,)]
+        fetch("SELECT 1 / %s::int", [0], prepare=True)
+    assert fetch("SELECT %s::int", [3], prepare=True) == [(3,)]
     connection.close()
-    assert dialect.fetch("SELECT %s::int", [4], prepare=True) == [(4,)]
+    assert fetch("SELECT %s::int", [4], prepare=True) == [(4,)]
     assert connection._jobs_engine_cursor is not kept
     assert connection._jobs_engine_cursor.connection is connection.connection

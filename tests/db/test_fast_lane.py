@@ -32,6 +32,7 @@ from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import CompletedJob, Partition, TargetPause
 from jobs_engine.models import Job as JobModel
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
+from jobs_engine.store.planning import REPLAN_S
 from tests.helpers import CLEAR_SQL, MARK_SQL, FakeMonotonic, in_flight, race, statements
 
 pytestmark = pytest.mark.django_db
@@ -1183,17 +1184,13 @@ def test_the_poll_keeps_its_plan_on_postgresql(targets: Any, t0: datetime) -> No
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
-        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+        targets: Any, t0: datetime, planner_clock: FakeMonotonic) -> None:
     """A queue analysed busy, then drained and vacuumed (no pages, no rows, the busy
     column statistics kept), takes a burst: until autovacuum analyses it again, up to a
     minute later, the poll's generic plan is made for those statistics. With the window's
     limit a parameter it reads the ordered index; a limit written into the text, larger
     than the rows the plan expects, was read by a bitmap scan and a sort of every due row
     (three workers drained a 50,000-row burst at half one worker's rate)."""
-    from jobs_engine.store import dialect
-
-    clock = [2000.0]
-    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
     targets("fl.burst", handler=lambda job: None, delivery_mode=DeliveryMode.AT_LEAST_ONCE,
             batch_size=200)
     worker = make_worker("A")
@@ -1207,7 +1204,7 @@ def test_after_a_burst_into_a_queue_analysed_empty_the_poll_reads_its_index(
     with statements("WITH due AS MATERIALIZED") as polls:
         assert worker.run(t0) == 0
         enqueue_many(burst)
-        clock[0] += dialect.REPLAN_S  # the session makes its plans again, for 3,000 rows
+        planner_clock.advance(REPLAN_S)  # the session makes its plans again, for 3,000 rows
         assert worker.run(t0) == 200
     if connection.vendor != "postgresql":  # no plans kept: nothing more to see
         return

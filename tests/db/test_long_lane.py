@@ -27,9 +27,11 @@ from jobs_engine.job import Job
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.lanes.worker import WorkerProcess
 from jobs_engine.models import Job as JobModel
 from jobs_engine.models import TargetPause
 from jobs_engine.states import DeliveryMode, JobStatus, Lane
+from jobs_engine.store.planning import ANALYZE_EVERY_S, BEHIND_FROM_ROWS, REPLAN_S
 from tests.helpers import FakeMonotonic, race, statements
 
 pytestmark = pytest.mark.django_db
@@ -309,16 +311,11 @@ def test_the_reserve_and_the_write_of_successes_keep_their_plans_on_postgresql(
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
-        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+        targets: Any, t0: datetime, planner_clock: FakeMonotonic) -> None:
     """A worker session keeps a generic plan per prepared statement, made for the table's
     size at the time: the reserve's plan made on an empty queue walks the whole table.
     ``REPLAN_S`` later the session makes its plans again, for the table as it is (at the
     poll after the one answering a wake-up, which goes straight to the woken rows)."""
-    from jobs_engine.store import dialect
-
-    clock = [1000.0]
-    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(dialect, "_woken", False)  # restored after the test
     targets("ll.replan", handler=lambda job: None, lane="long")
     lane = long_worker("R", load_settings({"LONG_PREFETCH": 1}, environ={}))
     analyse_empty_queue()
@@ -330,14 +327,14 @@ def test_a_plan_made_on_an_empty_queue_is_made_again_within_replan_s(
         return
 
     assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # kept, made for no rows
-    clock[0] += dialect.REPLAN_S / 2
+    planner_clock.advance(REPLAN_S / 2)
     assert lane.run_once(t0) == 10
     assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)
-    clock[0] += dialect.REPLAN_S / 2
-    store.poll_woken(True)  # a wake-up's poll runs with the plans the session has
+    planner_clock.advance(REPLAN_S / 2)
+    store.planner.poll_woken(True)  # a wake-up's poll runs with the plans the session has
     assert lane.run_once(t0, woken=True) == 10
     assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)
-    store.poll_woken(False)  # and the poll after it makes them again
+    store.planner.poll_woken(False)  # and the poll after it makes them again
     assert lane.run_once(t0) == 10
     plan = reserve_plan(reserves)
     assert "Seq Scan on jobs_engine_job j" not in plan
@@ -370,20 +367,14 @@ def test_a_reserve_planned_on_an_empty_queue_reads_the_running_codes_once(
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
-        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
+        targets: Any, t0: datetime, planner_clock: FakeMonotonic) -> None:
     """Statistics that describe the table before a burst (analysed empty) make every plan
     read the burst as a handful of rows, until autovacuum analyses it, a minute later.
     A worker pass that handed more rows than the planner believes the table holds has it
-    analysed at once (``jobs_analyze_when_behind``), and the plans made again for the
-    rows there are; at most once an ``ANALYZE_EVERY_S``, and not for a few rows."""
-    from jobs_engine.store import dialect, planning
-
-    clock = [7000.0]
-    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(planning, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(planning, "_analyzed_at", None)
-    monkeypatch.setattr(dialect, "_row_estimates", {})
-    monkeypatch.setattr(dialect, "_busy", False)  # plans made again by the analyse only
+    analysed at once (``Planner.analyze_when_behind``), and the plans made again for the
+    rows there are; at most once an ``ANALYZE_EVERY_S``, and not for a few rows. The
+    planner is not busy: the plans are made again by the analyse only."""
+    analyze_when_behind = store.planner.analyze_when_behind
     targets("ll.behind", handler=lambda job: None, lane="long")
     lane = long_worker("S", load_settings({"LONG_PREFETCH": 1}, environ={}))
     analyse_empty_queue()
@@ -392,20 +383,20 @@ def test_a_burst_the_statistics_do_not_know_of_has_the_table_analysed(
         enqueue_many([{"target": "ll.behind", "run_at": t0} for _ in range(3000)])
         assert lane.run_once(t0) == 10
         if connection.vendor != "postgresql":  # no statistics, no plans kept
-            assert not store.jobs_analyze_when_behind(3000)
+            assert not analyze_when_behind(3000)
             return
-        assert not store.jobs_analyze_when_behind(planning.BEHIND_FROM_ROWS - 1)
+        assert not analyze_when_behind(BEHIND_FROM_ROWS - 1)
         assert store.table_row_estimate(store.JOBS) == 0
-        assert store.jobs_analyze_when_behind(2990)
+        assert analyze_when_behind(2990)
         assert (store.table_row_estimate(store.JOBS) or 0) >= 2900
         assert lane.run_once(t0) == 10
         plan = reserve_plan(reserves)
         assert "Seq Scan on jobs_engine_job j" not in plan
         assert "Index Scan using jobs_long_pending_due" in plan
-    assert not store.jobs_analyze_when_behind(5000)  # analysed a moment ago
-    clock[0] += planning.ANALYZE_EVERY_S
-    assert not store.jobs_analyze_when_behind(2000)  # the planner knows of them
-    assert store.jobs_analyze_when_behind(5000)
+    assert not analyze_when_behind(5000)  # analysed a moment ago
+    planner_clock.advance(ANALYZE_EVERY_S)
+    assert not analyze_when_behind(2000)  # the planner knows of them
+    assert analyze_when_behind(5000)
 
 
 def analyse_empty_queue() -> None:
@@ -474,37 +465,78 @@ def test_the_writes_find_their_running_rows_by_id_and_the_rescue_by_lease(
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
 def test_a_backlog_makes_the_plans_made_on_an_idle_queue_again(
-        targets: Any, t0: datetime, monkeypatch: pytest.MonkeyPatch) -> None:
-    """When the worker finds a backlog (``queue_busy``), plans made while it had none are
-    made again at the session's next statement, not ``REPLAN_S`` later: a burst is not
-    read with the plan made for an empty queue. While the backlog lasts, they are kept."""
-    from jobs_engine.store import dialect
-
-    clock = [5000.0]
-    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(dialect, "_busy", False)  # restored after the test
+        targets: Any, t0: datetime, planner_clock: FakeMonotonic) -> None:
+    """When the worker finds a backlog (``Planner.queue_busy``), plans made while it had
+    none are made again at the session's next statement, not ``REPLAN_S`` later: a burst is
+    not read with the plan made for an empty queue. While the backlog lasts, they are
+    kept."""
+    planner = store.planner
     targets("ll.busy", handler=lambda job: None, lane="long")
     lane = long_worker("B", load_settings({"LONG_PREFETCH": 1}, environ={}))
     analyse_empty_queue()
     with statements("WITH locked") as reserves:
-        store.queue_busy(False)
+        planner.queue_busy(False)
         assert lane.run_once(t0) == 0
         enqueue_many([{"target": "ll.busy", "run_at": t0} for _ in range(3000)])
         assert lane.run_once(t0) == 10
         if connection.vendor != "postgresql":  # no plans kept: nothing more to see
-            store.queue_busy(True)
+            planner.queue_busy(True)
             assert lane.run_once(t0) == 10
             return
         assert "Seq Scan on jobs_engine_job j" in reserve_plan(reserves)  # made for no rows
-        store.queue_busy(True)  # two polls in a row handed rows
+        planner.queue_busy(True)  # two polls in a row handed rows
         assert lane.run_once(t0) == 10
         plan = reserve_plan(reserves)
         assert "Seq Scan on jobs_engine_job j" not in plan
         assert "Index Scan using jobs_long_pending_due" in plan
-        made = dialect._plans_made[connection.connection]
-        store.queue_busy(True)
+        made = planner.plans_made_at(connection.connection)
+        planner.queue_busy(True)
         assert lane.run_once(t0) == 10
-        assert dialect._plans_made[connection.connection] == made  # kept while busy
+        assert planner.plans_made_at(connection.connection) == made  # kept while busy
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker
+def test_with_the_planner_policy_off_worker_sessions_keep_postgresqls_defaults(
+        targets: Any, t0: datetime, planner_clock: FakeMonotonic) -> None:
+    """``PLANNER_POLICY`` off: the worker hands the switch to the planner, and its sessions
+    keep PostgreSQL's plan cache mode and JIT setting, and a burst the statistics do not
+    know of is left to autovacuum's analyse. On, the same reserve sets the session up, and
+    the same pass has the table analysed."""
+    targets("ll.policy", handler=lambda job: None, lane="long")
+    analyse_empty_queue()
+    enqueue_many([{"target": "ll.policy", "run_at": t0} for _ in range(3000)])
+    for on in (False, True):
+        connection.close()  # a new session, with the server's defaults
+        settings = load_settings({"PLANNER_POLICY": on, "LONG_PREFETCH": 1}, environ={})
+        worker = WorkerProcess({"fast"}, settings)
+        assert worker.planner is store.planner
+        assert store.planner.enabled is on
+        defaults = session_settings()
+        with statements("ANALYZE") as analyses:
+            assert long_worker("O", settings).run_once(t0) == 10  # a prepared reserve
+            analysed = store.planner.analyze_when_behind(2990)
+        if connection.vendor != "postgresql":  # no plans, no statistics
+            assert not analysed and analyses == []
+            continue
+        if on:
+            assert session_settings() == ("force_generic_plan", "off")
+            assert analysed and len(analyses) == 1
+            assert (store.table_row_estimate(store.JOBS) or 0) >= 2900
+        else:
+            assert defaults[0] == "auto"
+            assert session_settings() == defaults
+            assert not analysed and analyses == []
+            assert store.table_row_estimate(store.JOBS) == 0
+
+
+def session_settings() -> tuple[str, str] | None:
+    """This session's plan cache mode and JIT setting (PostgreSQL)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('plan_cache_mode'), current_setting('jit')")
+        mode, jit = cursor.fetchone()
+        return mode, jit
 
 
 def test_renewed_row_is_never_reclaimed_during_a_7_minute_run(targets: Any,

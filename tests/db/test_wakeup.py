@@ -22,8 +22,10 @@ from jobs_engine import enqueue, store
 from jobs_engine.conf import load_settings
 from jobs_engine.lanes.worker import Wakeup, WorkerProcess
 from jobs_engine.registry import Target
-from jobs_engine.store import dialect, is_postgres
+from jobs_engine.store import is_postgres
+from jobs_engine.store.planning import REPLAN_S, Planner
 from tests.db.test_enqueue import pg_connect
+from tests.helpers import FakeMonotonic
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,23 +117,21 @@ def test_a_broken_listener_is_put_aside_not_raised(wakeup: Wakeup) -> None:
 # -- the poll after a wake-up ---------------------------------------------------------------
 
 
-def test_the_poll_answering_a_wake_up_reads_the_table_size_it_has(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The planner's estimate of the table is read again once a ``REPLAN_S`` (it chooses
-    the fast poll's text), but not by the poll answering a wake-up: by the poll after it."""
-    clock = [3000.0]
+def test_the_poll_answering_a_wake_up_reads_the_table_size_it_has() -> None:
+    """The planner's estimate of the table is read again once a ``REPLAN_S`` (it tells
+    whether a burst outgrew the statistics), but not by the poll answering a wake-up: by
+    the poll after it."""
+    clock = FakeMonotonic()
     reads: list[str] = []
-    monkeypatch.setattr(dialect, "_monotonic", lambda: clock[0])
-    monkeypatch.setattr(dialect, "_row_estimates", {})
-    monkeypatch.setattr(dialect, "_woken", False)
-    monkeypatch.setattr(dialect, "table_row_estimate",
-                        lambda name: reads.append(name) or len(reads))
-    assert dialect.planned_rows("t") == 1
-    clock[0] += dialect.REPLAN_S
-    store.poll_woken(True)
-    assert dialect.planned_rows("t") == 1
-    store.poll_woken(False)
-    assert dialect.planned_rows("t") == 2
+    planner = Planner(clock=clock, row_estimate=lambda name: reads.append(name) or len(reads))
+    assert planner.planned_rows("t") == 1
+    assert planner.planned_rows("t") == 1  # within a REPLAN_S
+    clock.advance(REPLAN_S)
+    planner.poll_woken(True)
+    assert planner.planned_rows("t") == 1
+    planner.poll_woken(False)
+    assert planner.planned_rows("t") == 2
+    assert planner.planned_rows("t", fresh=True) == 3
 
 
 class AlwaysWoken:
@@ -151,37 +151,36 @@ class AlwaysWoken:
         return True
 
 
+@pytest.mark.usefixtures("planner_clock")  # the planner put back after the test
 def test_a_worker_woken_again_and_again_keeps_house_every_other_poll(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a poll that follows a wait ended early answers a wake-up, and never two polls in
     a row: the housekeeping it leaves (the clock, plans, rescues) is done at the next."""
-    monkeypatch.setattr(dialect, "_woken", False)
     worker = WorkerProcess({"long"}, load_settings({}, environ={}))
     worker.wakeup = AlwaysWoken(waits=5)  # type: ignore[assignment]
     worker._heartbeat_ok_until = float("inf")
     polls: list[tuple[bool, bool]] = []
     monkeypatch.setattr(worker.long, "run_once",
-                        lambda *, woken: polls.append((woken, dialect._woken)) or 0)
+                        lambda *, woken: polls.append((woken, worker.planner.woken)) or 0)
     worker._loop()
     assert polls == [(False, False), (True, True), (False, False), (True, True), (False, False)]
 
 
+@pytest.mark.usefixtures("planner_clock")  # the planner put back after the test
 def test_a_pass_that_handed_rows_asks_whether_the_statistics_know_of_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a pass that handed rows the worker asks ``jobs_analyze_when_behind``, which
+    """After a pass that handed rows the worker asks ``Planner.analyze_when_behind``, which
     analyses the table when the planner believes it holds fewer. A pass that handed none
     asks nothing: in an outage, a step that ran no statement would count as the database
     reachable again."""
-    monkeypatch.setattr(dialect, "_woken", False)  # restored after the test
-    monkeypatch.setattr(dialect, "_busy", False)
     worker = WorkerProcess({"long"}, load_settings({}, environ={}))
     worker.wakeup = AlwaysWoken(waits=2)  # type: ignore[assignment]
     worker._heartbeat_ok_until = float("inf")
     handed = iter([150, 0])
     monkeypatch.setattr(worker.long, "run_once", lambda *, woken: next(handed))
     asked: list[int] = []
-    monkeypatch.setattr(store, "jobs_analyze_when_behind",
-                        lambda rows: asked.append(rows) or False)
+    monkeypatch.setattr(Planner, "analyze_when_behind",
+                        lambda self, rows: asked.append(rows) or False)
     worker._loop()
     assert asked == [150]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from jobs_engine.store.dialect import _positional_names, named, native_placeholders, positional
+from jobs_engine.store.connection import _positional_names, named, native_placeholders, positional
 
 
 def test_a_name_used_twice_is_one_number_and_percent_signs_stay_literal() -> None:

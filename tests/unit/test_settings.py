@@ -52,6 +52,7 @@ def test_defaults_match_the_spec() -> None:
     assert (s.PROBE_S, s.TICK_S, s.GRACE_S, s.DEAD_TTL_DAYS, s.POLL_S) == (30, 15, 60, 30, 1)
     assert s.MAX_PAYLOAD_BYTES == 1_048_576
     assert s.WORKERS is True
+    assert s.PLANNER_POLICY is True
     assert s.problems() == []
 
 
@@ -72,6 +73,7 @@ def test_jobs_dict_values_are_used() -> None:
     ({"JOBS_PARTITION_LEASE_S": "12.5"}, "PARTITION_LEASE_S", 12.5),
     ({"JOBS_MAX_PAYLOAD_BYTES": "2048"}, "MAX_PAYLOAD_BYTES", 2048),
     ({"JOBS_FAST_MARK_ROWS": "100"}, "FAST_MARK_ROWS", 100),
+    ({"JOBS_PLANNER_POLICY": "off"}, "PLANNER_POLICY", False),
 ])
 def test_env_overrides_jobs(env: dict[str, str], field: str, value: Any) -> None:
     """The environment wins over the JOBS dict (operators change a pod without a deploy)."""
@@ -132,6 +134,7 @@ NONSENSE: list[tuple[str, dict[str, Any], str]] = [
     ("idle-poll-as-number", {"IDLE_POLL_S": 60}, "IDLE_POLL_S"),
     ("workers-as-number", {"WORKERS": 5}, "WORKERS"),
     ("notify-as-text", {"NOTIFY": "sometimes"}, "NOTIFY"),
+    ("planner-policy-as-text", {"PLANNER_POLICY": "off"}, "PLANNER_POLICY"),
     ("metrics-token-as-number", {"METRICS_TOKEN": 1234}, "METRICS_TOKEN"),
     # A token short enough to guess, or one that whitespace or another script would make
     # differ between the scraper's header and the setting.
