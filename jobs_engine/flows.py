@@ -15,12 +15,11 @@ in a step's ``data``: no name in ``data`` is reserved.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import transaction
 from django.utils import timezone
@@ -39,9 +38,8 @@ from jobs_engine.errors import (
 )
 from jobs_engine.job import Job
 from jobs_engine.models import Flow, FlowStep
-from jobs_engine.models import Job as JobRow
 from jobs_engine.states import FlowState, StepRole, StepState
-from jobs_engine.tenancy import PLATFORM, Platform, Scope, scoped, tenant_for
+from jobs_engine.tenancy import PLATFORM, Platform, Scope, tenant_for
 from jobs_engine.text import clean, json_text, storable
 
 logger = logging.getLogger("jobs_engine")
@@ -213,7 +211,23 @@ def _write(name: str, kind: str, planned: list[_Planned], tenant_id: str | None,
     return flow.id
 
 
-def queue(steps: Sequence[FlowStep], tenant_id: str | None, using: str | None) -> None:
+class Queueable(Protocol):
+    """What ``queue`` makes a job of: a step as written (``FlowStep``) or as read
+    (``store.StepRow``)."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def data(self) -> Any: ...
+    @property
+    def attempts(self) -> int: ...
+
+
+def queue(steps: Sequence[Queueable], tenant_id: str | None, using: str | None) -> None:
     """Enqueue a job for each of ``steps`` (its data as the payload), of the flow's tenant
     (``tenant_id``; None: the platform's, never the caller's), and mark them QUEUED with
     that job; the caller holds the transaction."""
@@ -224,7 +238,6 @@ def queue(steps: Sequence[FlowStep], tenant_id: str | None, using: str | None) -
     step_jobs: list[tuple[int, int]] = []
     for step, result in zip(steps, results, strict=True):
         assert result.job_id is not None, "a step's target is not lossy (_check_target)"
-        step.job_id, step.state = result.job_id, StepState.QUEUED
         step_jobs.append((step.id, result.job_id))
     store.flow_steps_queued(step_jobs, using)
 
@@ -261,68 +274,79 @@ def is_flow_step(job: Job) -> bool:
     return job.dedupe_key.startswith(STEP_DEDUPE_PREFIX)
 
 
+@dataclass
+class _Progress:
+    """A flow locked by ``advance``, as its steps' outcomes change it."""
+
+    flow: store.FlowRow
+    state: str
+    steps_done: int
+    finished_at: datetime | None
+
+
 def advance(done: Sequence[tuple[int, int, str | None]],
-            failed: Sequence[tuple[int, int, str]], now: datetime) -> None:
+            failed: Sequence[tuple[int, int, str]], now: datetime,
+            using: str | None = None) -> None:
     """Outcomes of step jobs, in the outcome's own transaction: a completed step records
     its result and queues what follows (the next chain step; the callback once every batch
     job is done); a failed one fails the flow and leaves the steps after it waiting.
 
-    ``done``: (job id, tries, result JSON text); ``failed``: (job id, tries, error).
-    The flows are locked before their steps, in id order, as ``retry`` and ``cancel`` lock
-    them: concurrent outcomes and actions on one flow queue up instead of deadlocking, and
-    its ``steps_done`` count says when the batch's jobs are all done (no scan of its steps).
+    ``done``: (job id, tries, result JSON text); ``failed``: (job id, tries, error);
+    ``using``: the database of every statement. The flows are locked before their steps,
+    in id order, as ``retry`` and ``cancel`` lock them: concurrent outcomes and actions on
+    one flow queue up instead of deadlocking, and its ``steps_done`` count says when the
+    batch's jobs are all done (no scan of its steps). A handful of statements whatever the
+    number of steps: their ends in one, what follows them read in one and queued per
+    tenant, the flows written in one.
     """
     by_job = {job_id: (tries, payload) for job_id, tries, payload in [*done, *failed]}
     if not by_job:
         return
     finished = {job_id for job_id, _, _ in done}
-    flow_ids = set(FlowStep.objects.filter(job_id__in=list(by_job), state=StepState.QUEUED)
-                   .values_list("flow_id", flat=True))
-    locked = {flow.id: flow for flow in Flow.objects.select_for_update()
-              .filter(id__in=flow_ids).order_by("id")}
-    steps = FlowStep.objects.select_for_update().filter(
-        job_id__in=list(by_job), state=StepState.QUEUED).order_by("flow_id", "position")
-    for step in steps:
-        assert step.job_id is not None, "found by job_id__in"
+    locked = {flow.id: _Progress(flow, flow.state, flow.steps_done, flow.finished_at)
+              for flow in store.flows_lock_of_step_jobs(list(by_job), using)}
+    ends: list[store.StepEnd] = []
+    following: dict[tuple[int, int | None], str | None] = {}  # place -> the flow's tenant
+    for step in store.flow_steps_lock_queued(list(by_job), using):
+        assert step.job_id is not None, "found by its job"
         tries, payload = by_job[step.job_id]
-        flow = locked[step.flow_id]
-        step.attempts += tries
-        step.finished_at = now
+        progress = locked[step.flow_id]
         if step.job_id in finished:
-            step.state, step.result = StepState.DONE, _decoded(payload)
-            step.save(update_fields=["state", "result", "attempts", "finished_at"])
-            flow.steps_done += 1
-            _after_done(flow, step, now)
+            ends.append(store.StepEnd(step.id, True, tries, payload))
+            progress.steps_done += 1
+            place = _after_done(progress, step, now)
+            if place is not None:
+                following[place] = progress.flow.tenant_id
         else:
-            step.state, step.last_error = StepState.FAILED, payload or ""
-            step.save(update_fields=["state", "last_error", "attempts", "finished_at"])
-            if flow.state == FlowState.RUNNING:
-                flow.state, flow.finished_at = FlowState.FAILED, now
-    for flow in locked.values():
-        flow.updated_at = now
-        flow.save(update_fields=["state", "steps_done", "finished_at", "updated_at"])
+            ends.append(store.StepEnd(step.id, False, tries, payload or ""))
+            if progress.state == FlowState.RUNNING:
+                progress.state, progress.finished_at = FlowState.FAILED.value, now
+    store.flow_steps_end(ends, now, using)
+    waiting = store.flow_steps_waiting_after(list(following), using)
+    for tenant_id in dict.fromkeys(following.values()):
+        steps = [step for step in waiting if locked[step.flow_id].flow.tenant_id == tenant_id]
+        if steps:
+            queue(steps, tenant_id, using)
+    store.flows_record_progress([(p.flow.id, p.state, p.steps_done, p.finished_at)
+                                 for p in locked.values()], now, using)
 
 
-def _after_done(flow: Flow, step: FlowStep, now: datetime) -> None:
-    """What a completed step lets run: the next chain step, or once every batch job is
-    done the callback; after the last step the flow is COMPLETED."""
-    if flow.steps_done == flow.steps_total:
-        flow.state, flow.finished_at = FlowState.COMPLETED, now
-        return
-    if flow.state != FlowState.RUNNING:
-        return  # failed meanwhile: what follows waits for a retry
+def _after_done(progress: _Progress, step: store.StepRow, now: datetime
+                ) -> tuple[int, int | None] | None:
+    """What a completed step lets run, as its place (``store.flow_steps_waiting_after``):
+    the next chain step, or once every batch job is done the callback; None for nothing.
+    After the last step the flow is COMPLETED."""
+    flow = progress.flow
+    if progress.steps_done == flow.steps_total:
+        progress.state, progress.finished_at = FlowState.COMPLETED.value, now
+        return None
+    if progress.state != FlowState.RUNNING:
+        return None  # failed meanwhile: what follows waits for a retry
     if step.role == StepRole.JOB:
-        if flow.steps_done < flow.steps_total - 1:
-            return  # the callback waits for every job
-        following = FlowStep.objects.filter(flow=flow, role=StepRole.CALLBACK).first()
-    else:
-        following = FlowStep.objects.filter(flow=flow, position=step.position + 1).first()
-    if following is not None and following.state == StepState.WAITING:
-        queue([following], flow.tenant_id, None)
-
-
-def _decoded(payload: str | None) -> Any:
-    return json.loads(payload) if payload is not None else None
+        if progress.steps_done < flow.steps_total - 1:
+            return None  # the callback waits for every job
+        return flow.id, None
+    return flow.id, step.position + 1
 
 
 def register_flow_target() -> None:
@@ -345,60 +369,58 @@ class Retried:
     replaced_jobs: tuple[int, ...]
 
 
-def retry(flow_id: int, *, scope: Scope = PLATFORM) -> Retried:
+def retry(flow_id: int, *, scope: Scope = PLATFORM, using: str | None = None) -> Retried:
     """Queue the failed steps again with a fresh set of attempts; the flow carries on and
     completed steps never run again. ``scope``: whose flows the caller may act on
-    (``tenancy``); a flow out of it is ``FlowNotFound``, as an unknown id."""
-    with transaction.atomic():
-        flow = _locked(flow_id, scope)
-        failed = list(flow.steps.filter(state=StepState.FAILED).order_by("position"))
+    (``tenancy``); a flow out of it is ``FlowNotFound``, as an unknown id. ``using``: the
+    database of every statement."""
+    with transaction.atomic(using=using):
+        flow = _locked(flow_id, scope, using)
+        failed = store.flow_steps_in_state(flow.id, StepState.FAILED, using)
         if flow.state != FlowState.FAILED or not failed:
             raise NothingToRetry(f"flow {flow.id} is {flow.state}: no failed step to retry")
         replaced = []
         for step in failed:
-            if step.job_id is not None and store.job_delete_if_dead(step.job_id) is not None:
+            if step.job_id is not None and store.job_delete_if_dead(step.job_id,
+                                                                     using) is not None:
                 replaced.append(step.job_id)
-        queue(failed, flow.tenant_id, None)
-        Flow.objects.filter(id=flow.id).update(state=FlowState.RUNNING, finished_at=None,
-                                               updated_at=timezone.now())
+        queue(failed, flow.tenant_id, using)
+        store.flow_set_state(flow.id, FlowState.RUNNING, finished_at=None, now=timezone.now(),
+                             using=using)
     return Retried(len(failed), tuple(replaced))
 
 
-def cancel(flow_id: int, *, scope: Scope = PLATFORM) -> int:
+def cancel(flow_id: int, *, scope: Scope = PLATFORM, using: str | None = None) -> int:
     """Drop every step that has not run and mark the flow CANCELLED; returns how many steps
     were dropped. Refused (``FlowRunning``), changing nothing, while a step runs.
-    ``scope`` as for ``retry``."""
-    with transaction.atomic():
-        flow = _locked(flow_id, scope)
+    ``scope`` and ``using`` as for ``retry``."""
+    with transaction.atomic(using=using):
+        flow = _locked(flow_id, scope, using)
         if flow.state in (FlowState.COMPLETED, FlowState.CANCELLED):
             raise InvalidStatus(f"flow {flow.id} is {flow.state}: nothing to cancel")
-        queued = list(flow.steps.filter(state=StepState.QUEUED))
-        for step in queued:
-            if step.job_id is not None and store.job_delete_if_not_started(step.job_id) is None \
-                    and _job_exists(step.job_id):
+        for step in store.flow_steps_in_state(flow.id, StepState.QUEUED, using):
+            if step.job_id is not None \
+                    and store.job_delete_if_not_started(step.job_id, using) is None \
+                    and store.jobs_still_stored([step.job_id], using):
                 raise FlowRunning(f"flow {flow.id}: step {step.position} ({step.name}) is "
                                   "running; cancel it once the step has finished")
         now = timezone.now()
-        dropped = flow.steps.filter(state__in=[StepState.QUEUED, StepState.WAITING]).update(
-            state=StepState.CANCELLED, finished_at=now)
-        Flow.objects.filter(id=flow.id).update(state=FlowState.CANCELLED, finished_at=now,
-                                               updated_at=now)
+        dropped = store.flow_steps_cancel_unrun(flow.id, now, using)
+        store.flow_set_state(flow.id, FlowState.CANCELLED, finished_at=now, now=now,
+                             using=using)
     return dropped
 
 
-def _locked(flow_id: Any, scope: Scope) -> Flow:
+def _locked(flow_id: Any, scope: Scope, using: str | None) -> store.FlowRow:
     """The flow, locked for this transaction; one out of ``scope`` is not found, like an
     unknown id."""
-    if isinstance(flow_id, bool) or not isinstance(flow_id, int):
-        raise FlowNotFound(flow_id)
-    flow = scoped(Flow.objects.select_for_update().filter(id=flow_id), scope).first()
+    if isinstance(flow_id, bool) or not isinstance(flow_id, int) or scope is None:
+        raise FlowNotFound(flow_id)  # a caller of no tenant sees no flow (``scoped``)
+    flow = store.flow_lock(flow_id, tenant_only=None if scope is PLATFORM else scope,
+                           using=using)
     if flow is None:
         raise FlowNotFound(flow_id)
     return flow
-
-
-def _job_exists(job_id: int) -> bool:
-    return JobRow.objects.filter(id=job_id).exists()
 
 
 # -- defined flows: startable by name, from code, the admin or the API -----------------------

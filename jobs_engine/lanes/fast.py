@@ -46,8 +46,6 @@ from datetime import datetime
 from itertools import groupby
 from typing import NamedTuple
 
-from django.db import transaction
-
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.errors import UnknownTarget
@@ -304,25 +302,16 @@ class FastLane:
             self._unwritten[poll_out.token] = poll_out
 
     def _write(self, poll_out: Unwritten, now: datetime) -> None:
-        """Write a poll's outcomes and clear its marks atomically, then report: in one
-        statement when they are successes of one kind (``outcomes.grouped``; no BEGIN
-        and COMMIT round trips), else in one transaction."""
-        guard = store.Guard(Lane.FAST, poll_out.token)
-        statements = outcomes.grouped(poll_out.results)
+        """Write a poll's outcomes and clear its marks atomically, then report
+        (``outcomes.record``: one statement for successes alone where the database
+        allows, else one transaction)."""
         try:
-            if statements.one_statement:
-                written = outcomes.write(guard, poll_out.results, now, self.settings,
-                                         statements, clear_marks=True)
-            else:
-                with transaction.atomic():
-                    written = outcomes.write(guard, poll_out.results, now, self.settings,
-                                             statements)
-                    store.inflight_clear(poll_out.token)
+            outcomes.record(store.Guard(Lane.FAST, poll_out.token), poll_out.results, now,
+                            self.settings, clear_marks=True)
         except Exception as exc:
             if is_database_fault(exc):
                 self._keep_unwritten(poll_out)
             raise
-        outcomes.report(poll_out.results, written, now)
         answered = {r.job.target for r in poll_out.results} - poll_out.paused
         for target_name in poll_out.probes & answered:
             self.pauses.probe_answered(target_name)
@@ -348,8 +337,9 @@ class FastLane:
         for index, send in enumerate(sends):
             if index == 0 and send[0].target == poll.marked_target:
                 # Marked by the read: in hand already, so a stop request does not leave
-                # them unsent. Rows of a partition the read could not mark take the usual
-                # path.
+                # them unsent. Rows of a partition the read could not mark (its lease gone,
+                # or a row of it closed meanwhile) take the usual path, which tells the two
+                # apart (``_mark_inflight``).
                 send = ([job for job in send if job.partition in poll.marked]
                         + self._mark_inflight([job for job in send
                                                if job.partition not in poll.marked],

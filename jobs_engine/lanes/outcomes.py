@@ -1,12 +1,12 @@
-"""The one outcome path of both lanes: judge, write, report.
+"""The one outcome path of both lanes: judge, then ``record`` (write, report).
 
 ``judge`` turns what a handler did into an ``Outcome`` (built only by its constructors, so
-no invalid combination exists), once per job; ``write`` turns outcomes into the store's
-guarded statements and the hourly statistics of what they wrote (the caller holds the
-transaction: one commit for both); ``report`` follows the commit with one run log line per
-job and the DEAD alerts. The words of
-``OutcomeKind`` are the ones the run log, the statistics, the admin chart and ``/metrics``
-use.
+no invalid combination exists), once per job. ``record``, the one entry point both lanes
+write outcomes through, commits them at once (the fast lane's mark clear included):
+``write`` turns them into the store's guarded statements and the hourly statistics of what
+they wrote, then ``report`` follows the commit with one run log line per job and the DEAD
+alerts. The words of ``OutcomeKind`` are the ones the run log, the statistics, the admin
+chart and ``/metrics`` use.
 """
 
 from __future__ import annotations
@@ -139,17 +139,23 @@ def try_entry(worker_id: str, started_at: datetime, finished_at: datetime,
 
 
 def record(guard: store.Guard, results: Sequence[RunResult], now: datetime,
-           settings: JobsSettings) -> list[RunResult]:
-    """Write every outcome under ``guard`` in one transaction (none when the write is one
-    statement: ``grouped``), then report them; returns the results whose write matched. A
-    database fault raises before anything is written, so the caller can write the same
-    results again once the database is back."""
+           settings: JobsSettings, *, clear_marks: bool = False) -> list[RunResult]:
+    """The one outcome entry point of both lanes: write every outcome under ``guard``,
+    atomically, then report them; returns the results whose write matched.
+
+    ``clear_marks`` (fast lane): the write ends a poll, whose token is the guard's; the
+    poll's in-flight marks are cleared with the outcomes, never apart from them. Successes
+    alone (``grouped``) the store writes atomically by itself, in one statement where it
+    can (``store.write_successes``): no BEGIN and COMMIT round trips; anything else is
+    written in one transaction. A database fault raises before anything is written, so
+    the caller can write the same results again once the database is back."""
     statements = grouped(results)
-    if statements.one_statement:
-        written = write(guard, results, now, settings, statements)
+    if statements.alone:
+        written = write(guard, results, now, settings, statements, clear_marks=clear_marks)
     else:
         with transaction.atomic():
-            written = write(guard, results, now, settings, statements)
+            written = write(guard, results, now, settings, statements,
+                            clear_marks=clear_marks)
     report(results, written, now)
     return written
 
@@ -160,14 +166,14 @@ class Grouped(NamedTuple):
     ``done``: the successes per (target, is a flow step), or (None, False) for all those of
     targets that keep none; each group is one statement. A flow's step jobs are all kept,
     whatever their target's policy: they stay as long as their flow
-    (``FLOW_RETENTION_DAYS``). ``others``: one statement each. ``one_statement``: only
-    successes of one group, no flow step, and a database that adds their statistics in
-    the same statement (writable CTEs).
+    (``FLOW_RETENTION_DAYS``). ``others``: one statement each. ``alone``: only successes
+    of one group, no flow step: the store writes them, their statistics and a poll's mark
+    clear atomically by itself (``store.write_successes``).
     """
 
     done: dict[tuple[str | None, bool], list[RunResult]]
     others: list[RunResult]
-    one_statement: bool
+    alone: bool
 
 
 def grouped(results: Sequence[RunResult]) -> Grouped:
@@ -180,47 +186,47 @@ def grouped(results: Sequence[RunResult]) -> Grouped:
             done[(result.job.target, step) if keeps else (None, False)].append(result)
         else:
             others.append(result)
-    one = (not others and len(done) == 1 and not next(iter(done))[1]
-           and store.writable_ctes())
-    return Grouped(done, others, one)
+    return Grouped(done, others, not others and len(done) == 1 and not next(iter(done))[1])
 
 
 def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
           settings: JobsSettings, statements: Grouped | None = None, *,
           clear_marks: bool = False) -> list[RunResult]:
     """The outcome statements, then the hourly statistics of the results whose write
-    matched, all in the caller's transaction (or, for ``one_statement``, in that one
-    statement, which with ``clear_marks`` also clears the fast poll's in-flight marks);
-    returns those results.
+    matched (and with ``clear_marks`` the clear of the poll's in-flight marks), all in the
+    caller's transaction; or, for successes ``alone``, the store's write of them, atomic by
+    itself. Returns the results whose write matched.
 
     A write that matches no row means the holder lost the row (lease taken over, or an
     admin changed it): the result is reported as ``lost`` and nothing else happens.
     ``statements``: ``grouped(results)``, when the caller has it.
     """
     written: list[RunResult] = []
-    done, others, one_statement = statements or grouped(results)
+    done, others, alone = statements or grouped(results)
     hour = stat_hour(now)
     for (target, step), group in done.items():
         keep = (len(group) if step else 0 if target is None
                 else policy_for(target).keep_completed)
         # A send's rows share one duration (``_results``), so one start time.
         started = {ms: now - timedelta(milliseconds=ms) for ms in {r.duration_ms for r in group}}
-        matched = store.jobs_done(guard, [
-            store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]  # stored rows: id is set (None only on a lossy job)
-                       started[r.duration_ms], r.duration_ms, r.try_json)
-            for r in group], now, keep=keep,
-            count_as=(hour, OutcomeKind.OK.value) if one_statement else None,
-            clear_marks=clear_marks and one_statement,
-            flush_lazily=one_statement and settings.LAZY_FLUSH_AT_LEAST_ONCE and all(
-                r.job.delivery_mode == _AT_LEAST_ONCE for r in group))
+        rows = [store.Done(r.job.id, r.job.attempts, r.result_json,  # type: ignore[arg-type]  # stored rows: id is set (None only on a lossy job)
+                           started[r.duration_ms], r.duration_ms, r.try_json) for r in group]
+        if alone:
+            matched = store.write_successes(
+                guard, rows, now, keep=keep, count_as=(hour, OutcomeKind.OK.value),
+                clear_marks=clear_marks,
+                flush_lazily=settings.LAZY_FLUSH_AT_LEAST_ONCE and all(
+                    r.job.delivery_mode == _AT_LEAST_ONCE for r in group))
+        else:
+            matched = store.jobs_done(guard, rows, now, keep=keep)
         # A statement for a whole send reports only a count; a short one is rare (a
         # takeover raced us): the rows still in the table are the ones it did not match.
         if matched == len(group):
             written += group
         else:
-            remaining = _existing_ids([r.job.id for r in group])  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
+            remaining = store.jobs_still_stored([r.job.id for r in group])  # type: ignore[misc]  # stored rows: id is set (None only on a lossy job)
             written += [r for r in group if r.job.id not in remaining]
-    if one_statement:
+    if alone:
         return written
     for result in others:
         kind, job, outcome = result.outcome.kind, result.job, result.outcome
@@ -254,6 +260,8 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
         store.job_stats_add(Counter(store.StatBucket(hour, r.job.target, r.outcome.kind.value,
                                                      r.job.tenant_id or "")
                                     for r in written))
+    if clear_marks:  # the poll's end: its marks go with its outcomes
+        store.inflight_clear(guard.token)
     return written
 
 
@@ -295,12 +303,6 @@ def count_runs(runs: Sequence[tuple[str, str | None, OutcomeKind]], now: datetim
             return
         logger.warning("job statistics not written for %s runs: %s", len(runs),
                        (str(exc).strip().splitlines() or [""])[0])
-
-
-def _existing_ids(ids: Sequence[int]) -> set[int]:
-    from jobs_engine.models import Job as JobTable
-
-    return set(JobTable.objects.filter(id__in=ids).values_list("id", flat=True))
 
 
 def announce_closed(closed: Sequence[store.ClosedJob]) -> None:

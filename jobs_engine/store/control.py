@@ -173,15 +173,15 @@ def job_retry_if_dead(job_id: int, now: datetime) -> bool:
     ) == 1
 
 
-def job_delete_if_dead(job_id: int) -> RemovedJob | None:
+def job_delete_if_dead(job_id: int, using: str | None = None) -> RemovedJob | None:
     """Skip: delete a DEAD row; None when it is missing or not DEAD."""
     rows = fetch(
         f"DELETE FROM {JOBS} WHERE id = %s AND status = %s RETURNING {_REMOVED_COLUMNS}",
-        [job_id, *SKIP.source_values])
+        [job_id, *SKIP.source_values], using)
     return _removed(rows[0]) if rows else None
 
 
-def job_delete_if_not_started(job_id: int) -> RemovedJob | None:
+def job_delete_if_not_started(job_id: int, using: str | None = None) -> RemovedJob | None:
     """Cancel: delete a PENDING row that is not in its partition's in-flight mark, or a
     long-lane RUNNING row whose handler has not started; None otherwise.
 
@@ -192,7 +192,7 @@ def job_delete_if_not_started(job_id: int) -> RemovedJob | None:
     rows = fetch(
         f"DELETE FROM {JOBS} WHERE id = %s AND ((status = %s AND NOT {_in_flight()}) "
         f"OR (status = %s AND lane = %s AND started_at IS NULL)) RETURNING {_REMOVED_COLUMNS}",
-        [job_id, PENDING.value, RUNNING.value, Lane.LONG.value],
+        [job_id, PENDING.value, RUNNING.value, Lane.LONG.value], using,
     )
     return _removed(rows[0]) if rows else None
 

@@ -196,6 +196,11 @@ def skip_locked() -> str:
     return " FOR UPDATE SKIP LOCKED" if is_postgres() else ""
 
 
+def for_update(using: str | None = None) -> str:
+    """A row lock that other writers of the row wait for (SQLite has one writer)."""
+    return " FOR UPDATE" if is_postgres(using) else ""
+
+
 def for_share() -> str:
     """A row lock that an update of the row waits for, and that waits for one (SQLite has
     one writer)."""

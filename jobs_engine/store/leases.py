@@ -333,8 +333,12 @@ def jobs_still_pending(rows: Sequence[tuple[int, int]]) -> set[int]:
                                     f"AND {pending}", {**params, "pending": PENDING_VALUE})}
 
 
-def clear_inflight_sql(token: str) -> tuple[str, list[Any]]:
-    return f"DELETE FROM {INFLIGHT} WHERE token = %s", [token]
+def clear_inflight_sql(token: str) -> tuple[str, dict[str, Any]]:
+    """The statement that removes a poll's in-flight marks, its parameter named ``token``
+    (an outcome write that ends the poll joins it under its guard's token, the same).
+
+    Index: ``jobs_inflight_by_token``."""
+    return f"DELETE FROM {INFLIGHT} WHERE token = %(token)s", {"token": token}
 
 
 def inflight_clear(token: str) -> None:

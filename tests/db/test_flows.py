@@ -3,6 +3,7 @@ and malformed input is refused naming the field before anything is written."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -206,6 +207,167 @@ def test_an_unknown_step_name_fails_that_step_never_completes_it(flow_target: An
     step = FlowStep.objects.get(flow_id=flow_id)
     assert (flow_state(flow_id), step.state) == (FlowState.FAILED, StepState.FAILED)
     assert "no step handler registered for nobody.handles.this" in step.last_error
+
+
+def _reserve_step_jobs() -> tuple[str, dict[int, Any]]:
+    """The flow target's queued step jobs, reserved and started under one claim token, as
+    a long-lane worker holds them: (token, job id -> Job)."""
+    from django.utils import timezone
+
+    from jobs_engine import store
+
+    token = uuid.uuid4().hex
+    reserved = store.jobs_long_reserve("flows-worker", token, timezone.now(), 300, 50,
+                                       targets=[FLOW_TARGET], start=True)
+    return token, {r.job.id: r.job for r in reserved}
+
+
+def _step(flow_id: int, position: int) -> FlowStep:
+    return FlowStep.objects.get(flow_id=flow_id, position=position)
+
+
+def test_one_write_of_step_outcomes_advances_each_flow_and_queues_what_follows(
+        flow_target: Any) -> None:
+    """The outcome path writes several step jobs' outcomes at once (the long lane's group
+    commit): each flow advances as if alone. The next chain step is queued for its flow's
+    tenant, a batch's callback once when its last jobs end together, and a failed step
+    fails its flow and leaves the step after it waiting."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from jobs_engine import conf, store
+    from jobs_engine.lanes import outcomes
+    from jobs_engine.lanes.outcomes import Outcome, RunResult
+    from jobs_engine.states import Lane
+
+    a = flows.chain("a", [Step("a0"), Step("a1")], tenant_id="tenant-a")
+    b = flows.chain("b", [Step("b0"), Step("b1")], tenant_id="tenant-b")
+    c = flows.chain("c", [Step("c0"), Step("c1")])
+    d = flows.batch("d", [Step("d0"), Step("d1")], on_complete=Step("d.sum"))
+    token, jobs = _reserve_step_jobs()
+    assert len(jobs) == 5
+
+    def result(flow_id: int, position: int, outcome: Outcome, result_json: str | None = None
+               ) -> RunResult:
+        return RunResult(jobs[_step(flow_id, position).job_id], outcome, 1.0, result_json)
+
+    now = timezone.now() + timedelta(minutes=5)
+    results = [result(a, 0, Outcome.ok(), '{"from": "a0"}'), result(b, 0, Outcome.ok()),
+               result(c, 0, Outcome.dead("DeadNow: no")), result(d, 0, Outcome.ok(), "1"),
+               result(d, 1, Outcome.ok(), "2")]
+    written = outcomes.record(store.Guard(Lane.LONG, token), results, now,
+                              conf.jobs_settings())
+    assert sorted(r.job.id for r in written) == sorted(r.job.id for r in results)
+
+    for flow_id, tenant, first_result in ((a, "tenant-a", {"from": "a0"}), (b, "tenant-b", None)):
+        first, following = _step(flow_id, 0), _step(flow_id, 1)
+        assert (first.state, first.result, first.attempts, first.finished_at) == (
+            StepState.DONE, first_result, 1, now)
+        assert following.state == StepState.QUEUED
+        assert Job.objects.get(id=following.job_id).tenant_id == tenant
+    failed, waiting = _step(c, 0), _step(c, 1)
+    assert (failed.state, failed.last_error, failed.attempts) == (
+        StepState.FAILED, "DeadNow: no", 1)
+    assert (waiting.state, waiting.job_id) == (StepState.WAITING, None)
+    callback = FlowStep.objects.get(flow_id=d, role=StepRole.CALLBACK)
+    assert callback.state == StepState.QUEUED
+    assert Job.objects.filter(dedupe_key__startswith=f"flow-step:{callback.id}:").count() == 1
+    assert Job.objects.get(id=callback.job_id).tenant_id is None
+    assert [_step(d, n).result for n in (0, 1)] == [1, 2]
+    progress = {f.id: (f.state, f.steps_done, f.finished_at, f.updated_at)
+                for f in Flow.objects.all()}
+    assert progress == {a: (FlowState.RUNNING, 1, None, now),
+                        b: (FlowState.RUNNING, 1, None, now),
+                        c: (FlowState.FAILED, 0, now, now),
+                        d: (FlowState.RUNNING, 2, None, now)}
+
+
+def test_a_steps_outcome_locks_its_flow_before_its_step(flow_target: Any) -> None:
+    """The outcome of a step's job reads (and on PostgreSQL locks) its flow, then its step,
+    the order in which ``retry`` and ``cancel`` lock them: concurrent outcomes and actions
+    on one flow queue up instead of deadlocking."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from jobs_engine import conf, store
+    from jobs_engine.lanes import outcomes
+    from jobs_engine.lanes.outcomes import Outcome, RunResult
+    from jobs_engine.states import Lane
+
+    flow_id = flows.chain("c", [Step("s0"), Step("s1")])
+    token, jobs = _reserve_step_jobs()
+    [job] = jobs.values()
+    with CaptureQueriesContext(connection) as queries:
+        outcomes.record(store.Guard(Lane.LONG, token), [RunResult(job, Outcome.ok(), 1.0)],
+                        timezone.now(), conf.jobs_settings())
+    assert _step(flow_id, 1).state == StepState.QUEUED
+
+    def read_from(sql: str) -> str | None:
+        found = re.match(r"SELECT .*? FROM (jobs_engine_flow\w*)", sql)
+        return found.group(1) if found else None
+
+    sql = [q["sql"] for q in queries]
+    reads = [table for table in map(read_from, sql) if table is not None]
+    assert reads[:2] == ["jobs_engine_flow", "jobs_engine_flowstep"]
+    locks = [read_from(s) for s in sql if s.rstrip().endswith("FOR UPDATE")]
+    if connection.vendor == "postgresql":
+        assert locks == ["jobs_engine_flow", "jobs_engine_flowstep"]
+    else:  # one writer at a time holds the whole database
+        assert locks == []
+
+
+def test_flow_bookkeeping_runs_every_statement_on_the_database_it_is_given(
+        flow_target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``advance`` (the outcome path), ``retry`` and ``cancel`` pass ``using`` to every
+    store function and enqueue they call (what follows a step and a retried step were
+    queued on the default database whatever the caller's)."""
+    import inspect
+
+    from django.db import DEFAULT_DB_ALIAS
+    from django.utils import timezone
+
+    from jobs_engine import store
+
+    flow_id = flows.chain("c", [Step("s0"), Step("s1")], using=DEFAULT_DB_ALIAS)
+    seen: list[tuple[str, Any]] = []
+
+    def spy(name: str, function: Any) -> Any:
+        signature = inspect.signature(function)
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            seen.append((name, signature.bind(*args, **kwargs).arguments.get("using")))
+            return function(*args, **kwargs)
+
+        return called
+
+    for name in store.__all__:
+        function = getattr(store, name)
+        if inspect.isfunction(function) and "using" in inspect.signature(function).parameters:
+            monkeypatch.setattr(store, name, spy(name, function))
+    monkeypatch.setattr(flows, "enqueue_many", spy("enqueue_many", flows.enqueue_many))
+
+    now = timezone.now()
+    with transaction.atomic():
+        flows.advance([], [(_step(flow_id, 0).job_id, 1, "RuntimeError: no")], now,
+                      using=DEFAULT_DB_ALIAS)
+    assert flows.retry(flow_id, using=DEFAULT_DB_ALIAS).steps == 1
+    with transaction.atomic():
+        flows.advance([(_step(flow_id, 0).job_id, 1, '"ok"')], [], now,
+                      using=DEFAULT_DB_ALIAS)
+    assert _step(flow_id, 1).state == StepState.QUEUED
+    assert flows.cancel(flow_id, using=DEFAULT_DB_ALIAS) == 1
+    assert flow_state(flow_id) == FlowState.CANCELLED
+
+    assert {name for name, _ in seen} >= {
+        "flows_lock_of_step_jobs", "flow_steps_lock_queued", "flow_steps_end",
+        "flow_steps_waiting_after", "flows_record_progress", "flow_lock",
+        "flow_steps_in_state", "flow_steps_queued", "flow_set_state", "job_delete_if_dead",
+        "job_delete_if_not_started", "flow_steps_cancel_unrun", "enqueue_many"}
+    assert {using for _, using in seen} == {DEFAULT_DB_ALIAS}
 
 
 # -- retry and cancel ----------------------------------------------------------------------------

@@ -275,9 +275,8 @@ def test_no_statement_inside_a_callers_transaction_turns_its_flush_wait_off(
 
     guard = store.Guard(Lane.LONG, "no-claim")  # matches nothing: only the text matters
     with connection.execute_wrapper(capture), transaction.atomic():
-        store.jobs_done(guard, [store.Done(job_id, 0, None, t0, 1.0)], t0, keep=0,
-                        count_as=(t0, "ok") if store.writable_ctes() else None,
-                        flush_lazily=store.writable_ctes())
+        store.write_successes(guard, [store.Done(job_id, 0, None, t0, 1.0)], t0, keep=0,
+                              count_as=(t0, "ok"), flush_lazily=True)
         reserved = store.jobs_long_reserve("caller", "caller-token", t0, 60, 10,
                                            targets=["oc.flush.caller"], flush_lazily=True)
         store.partitions_seed(8)
@@ -312,6 +311,41 @@ def test_a_fast_sends_kept_jobs_start_at_their_finish_less_their_share_of_the_se
     finished = t0 + timedelta(milliseconds=16)
     assert {(row[0], row[1]) for row in kept} == {(finished - timedelta(milliseconds=4),
                                                     finished)}
+
+
+@pytest.mark.parametrize("keep", [0, 5])
+def test_successes_whose_row_another_holder_changed_are_lost_and_the_rest_written_and_counted(
+        targets: Any, t0: datetime, keep: int, caplog: pytest.LogCaptureFixture) -> None:
+    """Successes alone are written as one statement (or, where the database cannot, one
+    transaction of the store's) that reports a count. A row it did not match (changed
+    meanwhile: another holder's now) is still in the table: that one is reported lost and
+    left as it is; the others are written, counted in the statistics, and the poll's
+    in-flight marks cleared with them."""
+    from tests.helpers import in_flight
+
+    caplog.set_level(logging.INFO, logger="jobs_engine")
+    changed: list[int] = []
+
+    def batch(jobs: list[Job]) -> list[None]:
+        assert jobs[0].id is not None
+        changed.append(jobs[0].id)
+        JobModel.objects.filter(id=jobs[0].id).update(attempts=7)
+        return [None] * len(jobs)
+
+    name = f"oc.short.{keep}"
+    targets(name, batch_handler=batch, policy=JobPolicy(keep_completed=keep))
+    ids = [enqueue(name, {"n": n}, run_at=t0).job_id for n in range(4)]
+    assert poller("fast")(t0) == 4
+    assert list(JobModel.objects.filter(id__in=ids).values_list("id", "status", "attempts")
+                ) == [(changed[0], JobStatus.PENDING, 7)]
+    assert CompletedJob.objects.filter(target=name).count() == min(keep, 3)
+    assert [row for row in store.job_stats_totals() if row[0] == name] == [(name, "ok", 3)]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("job run ")]
+    assert sorted(line.rsplit("result=", 1)[1] for line in lines) == ["lost", "ok", "ok", "ok"]
+    assert [line for line in lines if line.endswith("result=lost")] == [
+        line for line in lines
+        if f"dedupe_key={JobModel.objects.get(id=changed[0]).dedupe_key} " in line]
+    assert in_flight() == []
 
 
 def test_the_statistics_readers_sum_the_shards_of_a_bucket(t0: datetime) -> None:

@@ -1,0 +1,66 @@
+"""The statements of the store's outcome and flow modules read alike: each function says
+what it does, then which index its statement uses (``Index:``, an index or constraint of
+``models``, or the primary key), and every text takes named parameters (``%(name)s``)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from types import ModuleType
+
+import pytest
+from django.apps import apps
+
+from jobs_engine.store import flows, outcomes
+
+MODULES = [outcomes, flows]
+
+
+def index_names() -> set[str]:
+    """The indexes and constraints of the engine's tables, by name."""
+    names: set[str] = set()
+    for model in apps.get_app_config("jobs_engine").get_models():
+        names |= {index.name for index in model._meta.indexes if index.name}
+        names |= {constraint.name for constraint in model._meta.constraints}
+    return names
+
+
+def statement_functions(module: ModuleType) -> list[tuple[str, str]]:
+    """(name, docstring) of the functions the module exports, and of its classes' methods
+    whose docstring names an index (``Guard.match``)."""
+    found = []
+    for name in module.__all__:
+        value = getattr(module, name)
+        if inspect.isfunction(value):
+            found.append((name, inspect.getdoc(value) or ""))
+        elif inspect.isclass(value):
+            found += [(f"{name}.{method}", inspect.getdoc(function) or "")
+                      for method, function in vars(value).items()
+                      if inspect.isfunction(function) and "Index:" in (function.__doc__ or "")]
+    return found
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_statement_says_what_it_does_then_the_index_it_uses(module: ModuleType) -> None:
+    known = index_names()
+    functions = statement_functions(module)
+    assert len(functions) >= 8
+    for name, doc in functions:
+        lines = doc.splitlines()
+        assert lines and lines[0].strip() and not lines[0].startswith("Index:"), name
+        named_line = [line for line in lines if line.startswith("Index: ")]
+        assert len(named_line) == 1, f"{name}: no line 'Index: ...'"
+        said = re.match(r"Index: (.*?)(?:\.\s|\.$)", named_line[0])
+        assert said is not None, name
+        indexes = set(re.findall(r"``(\w+)``", said.group(1)))
+        assert indexes <= known, f"{name}: {indexes - known} is no index of models"
+        assert indexes or said.group(1).startswith(("the primary key", "none")), name
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_no_statement_text_takes_positional_parameters(module: ModuleType) -> None:
+    """A positional fragment of another module (``in_``, ``table``, ``values_``) is given
+    names with ``named``: the module's own text holds no ``%s``."""
+    source = inspect.getsource(module)
+    assert "%(" in source
+    assert "%s" not in source
