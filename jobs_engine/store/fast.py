@@ -261,9 +261,12 @@ def _read_fast(fetched: Sequence[Sequence[Any]]) -> FastPoll:
 def jobs_fast_due(partitions: Sequence[int], now: datetime, limits: Mapping[str, int], *,
                   whole_backlog: bool = False, after: Mapping[str, Cursor] | None = None,
                   always: Collection[str] = (), enqueues_seen: int = READ_ALL) -> FastPoll:
-    """Due PENDING fast-lane rows of the targets in ``limits`` (up to its limit each) that
-    are not paused, in the given partitions, each the head of its key, in run order: the
-    heads among each target's first ``limit`` due rows (``_fast_heads_sql``).
+    """Read the due heads of the fast-lane targets in ``limits``, in run order.
+
+    Index: ``jobs_fast_pending_due``, ``jobs_pending_key_order`` for each hold test.
+    One scan per target read. Due PENDING rows (up to its limit each) of targets that are
+    not paused, in the given partitions, each the head of its key, in run order: the heads
+    among each target's first ``limit`` due rows (``_fast_heads_sql``).
 
     A row is the head when no PENDING row of the same target and key comes before it in
     (version, id) order, whatever that row's run time: a row waiting for a retry holds
@@ -295,8 +298,11 @@ def jobs_fast_poll(
     flush_lazily: bool = False, after: Mapping[str, Cursor] | None = None,
     always: Collection[str] = (), enqueues_seen: int = READ_ALL,
 ) -> FastPoll:
-    """``jobs_fast_due``, with the rows of the poll's first send marked in flight by the
-    read itself.
+    """Read as ``jobs_fast_due`` does and mark the poll's first send in flight.
+
+    Index: ``jobs_fast_pending_due``, ``jobs_pending_key_order``, ``jobs_inflight_by_token``.
+    The read is ``jobs_fast_due``'s; the rows of the poll's first send are marked in
+    flight by the read itself.
 
     The first send is of the first target in name order: all its rows, or for a target in
     ``per_row`` (an at-most-once per-row handler) its first ``per_row_send`` rows in poll
@@ -371,6 +377,8 @@ def jobs_fast_poll(
 
 def jobs_hold_key_until(job: Job, run_at: datetime) -> int:
     """Move the later PENDING versions of a retrying row's key to its retry time.
+
+    Index: ``jobs_pending_key_order``.
 
     They are held anyway (the row is the key's head); moving them keeps the poll's scan
     from walking them again and again until then.

@@ -72,9 +72,12 @@ __all__ = [
     "workers_live",
 ]
 
+
 def partitions_seed(count: int) -> int:
-    """Create partition rows 0..count-1 that are missing; safe for many workers at once."""
-    rows, params = values_([(number,) for number in range(count)])
+    """Create partition rows 0..count-1 that are missing; safe for many workers at once.
+
+    Index: the primary key."""
+    rows, params = named(values_([(number,) for number in range(count)]), "partition")
     return execute(f"INSERT INTO {PARTITIONS} (partition) {rows} "
                    "ON CONFLICT (partition) DO NOTHING", params)
 
@@ -93,37 +96,48 @@ class OutageRecord:
 def worker_beat(worker_id: str, now: datetime, *, hostname: str, pid: int, lanes: str,
                 outages: OutageRecord | None = None) -> None:
     """Insert or refresh this worker's liveness row, with the database outages it lived
-    through."""
+    through.
+
+    Index: the primary key."""
     outages = outages or OutageRecord()
     execute(
         f"INSERT INTO {WORKERS} (worker_id, heartbeat_at, started_at, hostname, pid, lanes, "
         "db_outages, last_db_outage_at, last_db_outage_s, last_db_error) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (worker_id) "
+        "VALUES (%(worker)s, %(now)s, %(now)s, %(hostname)s, %(pid)s, %(lanes)s, %(outages)s, "
+        "%(last_at)s, %(last_s)s, %(last_error)s) ON CONFLICT (worker_id) "
         "DO UPDATE SET heartbeat_at = excluded.heartbeat_at, db_outages = excluded.db_outages, "
         "last_db_outage_at = excluded.last_db_outage_at, "
         "last_db_outage_s = excluded.last_db_outage_s, last_db_error = excluded.last_db_error",
-        [worker_id, dt(now), dt(now), hostname, pid, lanes, outages.count,
-         dt(outages.last_at), outages.last_s, cut_error(outages.last_error)],
+        {"worker": worker_id, "now": dt(now), "hostname": hostname, "pid": pid, "lanes": lanes,
+         "outages": outages.count, "last_at": dt(outages.last_at), "last_s": outages.last_s,
+         "last_error": cut_error(outages.last_error)},
     )
 
 
 def worker_delete(worker_id: str) -> None:
-    execute(f"DELETE FROM {WORKERS} WHERE worker_id = %s", [worker_id])
+    """Remove this worker's liveness row (it stops).
+
+    Index: the primary key."""
+    execute(f"DELETE FROM {WORKERS} WHERE worker_id = %(worker)s", {"worker": worker_id})
 
 
 def workers_live(now: datetime, within_s: float, lane: str | None = None) -> list[str]:
     """Worker ids whose heartbeat is newer than ``within_s`` seconds; with ``lane``, only
-    those that run it (``lanes`` is a comma list, e.g. ``fast,long,schedules``)."""
-    lane_clause, lane_params = ("AND ',' || lanes || ',' LIKE %s", [f"%,{lane},%"]) \
-        if lane is not None else ("", [])
-    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %s {lane_clause} "
-                 "ORDER BY worker_id", [dt(now - timedelta(seconds=within_s)), *lane_params])
+    those that run it (``lanes`` is a comma list, e.g. ``fast,long,schedules``).
+
+    Index: none, a row per worker process."""
+    lane_clause = "" if lane is None else "AND ',' || lanes || ',' LIKE %(lane)s"
+    rows = fetch(f"SELECT worker_id FROM {WORKERS} WHERE heartbeat_at > %(since)s "
+                 f"{lane_clause} ORDER BY worker_id",
+                 {"since": dt(now - timedelta(seconds=within_s)), "lane": f"%,{lane},%"})
     return [row[0] for row in rows]
 
 
 def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list[int]:
-    """Extend every lease ``owner`` still holds; a lease already expired is not renewed
-    (another worker may have taken it). Returns the partitions still held."""
+    """Extend every lease ``owner`` still holds; the partitions still held.
+
+    Index: none, a row per partition. A lease already expired is not renewed (another
+    worker may have taken it)."""
     rows = fetch(
         f"UPDATE {PARTITIONS} SET lease_until = %(lease_until)s WHERE owner = %(owner)s "
         "AND lease_until > %(now)s RETURNING partition",
@@ -133,9 +147,12 @@ def partitions_renew_if_owner(owner: str, now: datetime, lease_s: float) -> list
 
 
 def partition_owner_counts(now: datetime) -> dict[str, int]:
+    """How many live leases each owner holds (the fair share's input).
+
+    Index: none, a row per partition."""
     rows = fetch(
-        f"SELECT owner, COUNT(*) FROM {PARTITIONS} WHERE owner IS NOT NULL AND lease_until > %s "
-        "GROUP BY owner", [dt(now)],
+        f"SELECT owner, COUNT(*) FROM {PARTITIONS} WHERE owner IS NOT NULL "
+        "AND lease_until > %(now)s GROUP BY owner", {"now": dt(now)},
     )
     return {owner: count for owner, count in rows}
 
@@ -148,20 +165,23 @@ class TakenPartition:
 def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenPartition | None:
     """Take one partition that has no owner or an expired lease.
 
-    One conditional UPDATE per take: the guard repeats the "free" test, so two workers
-    racing for a partition cannot both win. The new owner then judges the in-flight marks
-    its previous owners left (``inflight_close_after_takeover``).
+    Index: the primary key, for the take. One conditional UPDATE per take: the guard
+    repeats the "free" test, so two workers racing for a partition cannot both win. The
+    new owner then judges the in-flight marks its previous owners left
+    (``inflight_close_after_takeover``).
     """
     free = fetch(
         f"SELECT partition FROM {PARTITIONS} WHERE owner IS NULL OR lease_until IS NULL "
-        "OR lease_until <= %s ORDER BY partition LIMIT 8", [dt(now)],
+        "OR lease_until <= %(now)s ORDER BY partition LIMIT 8", {"now": dt(now)},
     )
     for (number,) in free:
         rows = fetch(
-            f"UPDATE {PARTITIONS} SET owner = %s, lease_until = %s WHERE partition = %s "
-            "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %s) "
+            f"UPDATE {PARTITIONS} SET owner = %(owner)s, lease_until = %(lease_until)s "
+            "WHERE partition = %(partition)s "
+            "AND (owner IS NULL OR lease_until IS NULL OR lease_until <= %(now)s) "
             "RETURNING partition",
-            [owner, dt(now + timedelta(seconds=lease_s)), number, dt(now)],
+            {"owner": owner, "lease_until": dt(now + timedelta(seconds=lease_s)),
+             "partition": number, "now": dt(now)},
         )
         if rows:
             return TakenPartition(rows[0][0])
@@ -169,17 +189,22 @@ def partition_take_free(owner: str, now: datetime, lease_s: float) -> TakenParti
 
 
 def partitions_release(owner: str, partitions: Sequence[int]) -> int:
-    """Give partitions back (only while ``owner`` still holds them)."""
-    clause, params = in_("partition", partitions)
+    """Give partitions back (only while ``owner`` still holds them).
+
+    Index: the primary key."""
+    clause, params = named(in_("partition", partitions), "partitions")
     return execute(
-        f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s AND {clause}",
-        [owner, *params],
+        f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL "
+        f"WHERE owner = %(owner)s AND {clause}", {"owner": owner, **params},
     )
 
 
 def partitions_release_owned(owner: str) -> int:
-    return execute(f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL WHERE owner = %s",
-                   [owner])
+    """Give back every partition ``owner`` holds (it stops).
+
+    Index: none, a row per partition."""
+    return execute(f"UPDATE {PARTITIONS} SET owner = NULL, lease_until = NULL "
+                   "WHERE owner = %(owner)s", {"owner": owner})
 
 
 # -- takeover of a partition's in-flight mark -----------------------------------------------
@@ -187,8 +212,10 @@ def partitions_release_owned(owner: str) -> int:
 
 def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
                                   own_tokens: Collection[str] = ()) -> list[ClosedJob]:
-    """Judge the rows the previous owners left in flight in the partition just taken (its
-    ``InflightMark`` rows, removed here).
+    """Judge the rows the previous owners left in flight in the partition just taken.
+
+    Index: ``jobs_inflight_by_partition``, then the primary key for the marked rows.
+    The marks are removed here.
 
     A row whose outcome was written under its mark's token is left alone. At-most-once
     rows go DEAD (the send may have landed); at-least-once rows stay PENDING to be sent
@@ -196,24 +223,27 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
     after all (a database outage, a stall), its outcome write still lands. Marks under
     ``own_tokens`` are this worker's own, whose outcomes it has still to write: kept.
     """
-    own, own_params = in_("token", list(own_tokens))
+    own, own_params = named(in_("token", list(own_tokens)), "own")
     marks: list[tuple[str, list[int]]] = [
         (token, [int(i) for i in read_json(ids) or []]) for token, ids in fetch(
-            f"DELETE FROM {INFLIGHT} WHERE partition = %s AND NOT ({own}) "
-            "RETURNING token, ids", [taken.partition, *own_params])]
+            f"DELETE FROM {INFLIGHT} WHERE partition = %(partition)s AND NOT ({own}) "
+            "RETURNING token, ids", {"partition": taken.partition, **own_params})]
     closed: list[ClosedJob] = []
     for token, ids in marks:
         if not ids:
             continue
-        clause, params = in_("id", ids)
+        clause, params = named(in_("id", ids), "ids")
         closed += closed_jobs(fetch(
-            f"UPDATE {JOBS} SET status = %s, closed_at = %s, last_error = %s, updated_at = %s, "
-            f"claim_token = %s WHERE {clause} AND partition = %s AND status = %s "
-            "AND delivery_mode = %s AND (outcome_token IS NULL OR outcome_token <> %s) "
+            f"UPDATE {JOBS} SET status = %(dead)s, closed_at = %(now)s, last_error = %(reason)s, "
+            f"updated_at = %(now)s, claim_token = %(token)s WHERE {clause} "
+            "AND partition = %(partition)s AND status = %(pending)s "
+            "AND delivery_mode = %(at_most_once)s "
+            "AND (outcome_token IS NULL OR outcome_token <> %(token)s) "
             f"RETURNING {CLOSED_COLUMNS}",
-            [TAKEOVER_PRESUMED_DEAD.target, dt(now), TAKEOVER_REASON, dt(now), token,
-             *params, taken.partition, *TAKEOVER_PRESUMED_DEAD.source_values,
-             DeliveryMode.AT_MOST_ONCE.value, token],
+            {"dead": TAKEOVER_PRESUMED_DEAD.target, "now": dt(now), "reason": TAKEOVER_REASON,
+             "token": token, "partition": taken.partition,
+             "pending": TAKEOVER_PRESUMED_DEAD.source_value,
+             "at_most_once": DeliveryMode.AT_MOST_ONCE.value, **params},
         ), TAKEOVER_REASON)
     return closed
 
@@ -229,36 +259,46 @@ class PauseRow:
 
 
 def pauses_all() -> list[PauseRow]:
+    """Every target's pause (the workers' shared view of them).
+
+    Index: none, a row per paused target."""
     return [PauseRow(t, read_dt(u), r) for t, u, r in  # type: ignore[arg-type]  # paused_until is NOT NULL
             fetch(f"SELECT target, paused_until, reason FROM {PAUSES}")]
 
 
 def pause_set(target: str, now: datetime, probe_s: float, reason: str) -> None:
-    """Pause ``target`` until ``now + probe_s`` (insert or extend)."""
-    until = dt(now + timedelta(seconds=probe_s))
+    """Pause ``target`` until ``now + probe_s`` (insert or extend).
+
+    Index: the primary key."""
     execute(
         f"INSERT INTO {PAUSES} (target, paused_until, reason, paused_at, probe_by) "
-        "VALUES (%s, %s, %s, %s, NULL) ON CONFLICT (target) DO UPDATE SET "
-        "paused_until = excluded.paused_until, reason = excluded.reason, probe_by = NULL",
-        [target, until, cut_error(reason), dt(now)],
+        "VALUES (%(target)s, %(until)s, %(reason)s, %(now)s, NULL) ON CONFLICT (target) "
+        "DO UPDATE SET paused_until = excluded.paused_until, reason = excluded.reason, "
+        "probe_by = NULL",
+        {"target": target, "until": dt(now + timedelta(seconds=probe_s)),
+         "reason": cut_error(reason), "now": dt(now)},
     )
 
 
 def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) -> bool:
     """Win the right to send one probe row of a paused target whose pause ran out.
 
-    The guard on the old ``paused_until`` makes the probe cluster-wide: one worker wins
-    per ``PROBE_S``, the rest keep skipping the target.
+    Index: the primary key. The guard on the old ``paused_until`` makes the probe
+    cluster-wide: one worker wins per ``PROBE_S``, the rest keep skipping the target.
     """
     return execute(
-        f"UPDATE {PAUSES} SET paused_until = %s, probe_by = %s "
-        "WHERE target = %s AND paused_until <= %s",
-        [dt(now + timedelta(seconds=probe_s)), owner, target, dt(now)],
+        f"UPDATE {PAUSES} SET paused_until = %(until)s, probe_by = %(owner)s "
+        "WHERE target = %(target)s AND paused_until <= %(now)s",
+        {"until": dt(now + timedelta(seconds=probe_s)), "owner": owner, "target": target,
+         "now": dt(now)},
     ) == 1
 
 
 def pause_clear(target: str) -> int:
-    return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])
+    """Resume ``target`` (its probe was delivered, or an operator resumed it).
+
+    Index: the primary key."""
+    return execute(f"DELETE FROM {PAUSES} WHERE target = %(target)s", {"target": target})
 
 
 # -- in-flight marks ----------------------------------------------------------------------
@@ -342,7 +382,9 @@ def clear_inflight_sql(token: str) -> tuple[str, dict[str, Any]]:
 
 
 def inflight_clear(token: str) -> None:
-    """Remove the in-flight marks a poll made (its outcomes are written)."""
+    """Remove the in-flight marks a poll made (its outcomes are written).
+
+    Index: ``jobs_inflight_by_token``."""
     execute(*clear_inflight_sql(token))
 
 

@@ -78,7 +78,8 @@ def jobs_long_rescue_expired(now: datetime, *, after: datetime | None = None
                              ) -> tuple[list[ClosedJob], int]:
     """Close or release the RUNNING rows whose lease expired (their worker died or stalled).
 
-    Index: ``jobs_running_lease``; with ``after``, only the leases that expired after it.
+    Index: ``jobs_running_lease``.
+    With ``after``, only the leases that expired after it.
 
     At-most-once rows whose handler had started go DEAD instead of running twice, keeping
     their claim token (``Guard``: a holder alive after all still writes what happened);
@@ -219,8 +220,9 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                       likely: Sequence[str] = ()) -> ReservedRows:
     """Claim up to ``limit`` due long-lane rows of ``targets`` under a lease, in priority order.
 
-    Index: ``jobs_long_pending_due``, from the cursor ``after``; ``jobs_one_running_per_code``
-    refuses a second running row of an exclusive code. Rows of targets whose pause has
+    Index: ``jobs_long_pending_due``, and ``jobs_one_running_per_code`` on the update.
+    The index is read from the cursor ``after``; the unique code refuses a second running
+    row of an exclusive code. Rows of targets whose pause has
     not run out are skipped; of them at most ``at_most_once_limit`` at-most-once rows
     (None: no bound of their own). An at-most-once row past that bound stays PENDING, and
     the rows after it are still taken.
@@ -364,9 +366,9 @@ def jobs_long_mark_started(ids: Sequence[int], token: str, now: datetime
                            ) -> dict[int, list[dict[str, Any]]]:
     """Record that the handlers of reserved rows are about to run; each row's earlier tries.
 
-    Index: the primary key (``_not_indexed``). One statement for every row; its ``tries``
-    entries come back with it. A row missing from the answer lost its claim meanwhile: it
-    must not run."""
+    Index: the primary key. Its status test is kept off other indexes (``_not_indexed``).
+    One statement for every row; its ``tries`` entries come back with it. A row missing
+    from the answer lost its claim meanwhile: it must not run."""
     clause, params = named(in_("id", ids), "ids")
     rows = fetch(
         f"UPDATE {JOBS} SET started_at = %(now)s WHERE {clause} AND claim_token = %(token)s "
@@ -380,8 +382,9 @@ def jobs_long_renew(held: Mapping[int, str], now: datetime, lease_s: float) -> s
     """Extend the leases of the RUNNING rows ``held`` (job id -> claim token); the tokens
     renewed.
 
-    Index: the primary key (``_not_indexed``): ``jobs_running_lease`` would be read from the
-    first RUNNING version of the last lease's reserves an old snapshot keeps."""
+    Index: the primary key. Its status test is kept off other indexes (``_not_indexed``):
+    ``jobs_running_lease`` would be read from the first RUNNING version of the last
+    lease's reserves an old snapshot keeps."""
     ids, id_params = named(in_("id", sorted(held), arrays_from=1), "ids")
     tokens, token_params = named(in_("claim_token", sorted(set(held.values())), arrays_from=1),
                                  "tokens")
