@@ -68,7 +68,7 @@ from jobs_engine import store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.enqueueing import enqueue
 from jobs_engine.lanes.fast import FastLane
-from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
+from jobs_engine.lanes.partitions import PartitionLeases, new_worker_id
 from jobs_engine.lanes.pauses import PauseGate
 
 # -- enqueue ---------------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def fast_poller(prefix: str = "fast") -> Callable[[datetime], int]:
     once at the given time."""
     from jobs_engine import conf, store
     from jobs_engine.lanes.fast import FastLane
-    from jobs_engine.lanes.leases import PartitionLeases
+    from jobs_engine.lanes.partitions import PartitionLeases
     from jobs_engine.lanes.pauses import PauseGate
 
     settings = conf.jobs_settings()

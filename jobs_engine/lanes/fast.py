@@ -52,10 +52,10 @@ from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes import outcomes
 from jobs_engine.lanes.clock import DatabaseClock, DatabaseTime
-from jobs_engine.lanes.handlers import Handed, call_batch_handler, call_handler
-from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.handlers import Answer, call_batch_handler, call_handler
 from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.lanes.outcomes import Outcome, OutcomeKind, RunResult, judge
+from jobs_engine.lanes.partitions import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.registry import Target, get_target, lane_targets
 from jobs_engine.states import DeliveryMode, Lane
@@ -154,7 +154,7 @@ class Reads:
         self._active.update((job.target, until) for job in poll.jobs)
         self._enqueues = (self._enqueues[1], None if poll.enqueues_open else poll.enqueues)
 
-    def handed(self, poll: store.FastPoll, limits: dict[str, int],
+    def advance(self, poll: store.FastPoll, limits: dict[str, int],
                results: Sequence[RunResult]) -> None:
         """After a poll's outcomes were written: a target whose window was full and every
         row of it handed and written (not given back by a pause) is read from after its
@@ -249,7 +249,7 @@ class FastLane:
                 self._keep_unwritten(poll_out)
             raise
         self._write(poll_out, clock())
-        self.reads.handed(poll, read.limits, poll_out.results)
+        self.reads.advance(poll, read.limits, poll_out.results)
         return len(poll_out.results)
 
     def _limits(self, fast: tuple[Target, ...]) -> tuple[dict[str, int], frozenset[str]]:
@@ -402,7 +402,7 @@ class FastLane:
         started = self._monotonic()
         trusted = self.leases.trusted
         if target is None:
-            handed, answers = send, [Handed(UnknownTarget(send[0].target))] * len(send)
+            handed, answers = send, [Answer(UnknownTarget(send[0].target))] * len(send)
         elif target.batch_handler is not None:
             kept = {p for p in {job.partition for job in send} if trusted(p)}
             handed = [job for job in send if job.partition in kept]
@@ -427,7 +427,7 @@ class FastLane:
                                                for job, answer in zip(handed, answers,
                                                                       strict=True)], started)
 
-    def _results(self, handed: list[Job], answers: list[Handed], verdicts: list[Outcome],
+    def _results(self, handed: list[Job], answers: list[Answer], verdicts: list[Outcome],
                  started: float) -> list[RunResult]:
         if not answers:
             return []

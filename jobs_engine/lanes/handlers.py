@@ -19,7 +19,7 @@ from jobs_engine.registry import Target
 from jobs_engine.text import json_text
 
 
-class Handed(NamedTuple):
+class Answer(NamedTuple):
     """What a handler did with one job: the exception it raised, or its result as the
     JSON text to keep (None when it returned None)."""
 
@@ -27,29 +27,29 @@ class Handed(NamedTuple):
     result_json: str | None = None
 
 
-_RETURNED_NOTHING = Handed(None)  # the hot path's answer: one object for every success
+_RETURNED_NOTHING = Answer(None)  # the hot path's answer: one object for every success
 
 
-def _result(target: Target, value: Any) -> Handed:
+def _result(target: Target, value: Any) -> Answer:
     if value is None:
         return _RETURNED_NOTHING
     try:
-        return Handed(None, json_text(value, jobs_settings().MAX_PAYLOAD_BYTES))
+        return Answer(None, json_text(value, jobs_settings().MAX_PAYLOAD_BYTES))
     except ValueError as exc:
-        return Handed(InvalidResult(f"the handler of {target.name} returned a result that "
+        return Answer(InvalidResult(f"the handler of {target.name} returned a result that "
                                     f"cannot be kept: it {exc}"))
 
 
-def call_handler(target: Target, job: Job) -> Handed:
+def call_handler(target: Target, job: Job) -> Answer:
     with job_context(job.trace_id, {"via": "system", "origin": job.actor}, job.tenant_id):
         try:
             value = target.handler(job)
         except Exception as exc:  # every failure is an outcome, never a crashed worker
-            return Handed(exc)
+            return Answer(exc)
     return _result(target, value)
 
 
-def call_batch_handler(target: Target, jobs: Sequence[Job]) -> list[Handed]:
+def call_batch_handler(target: Target, jobs: Sequence[Job]) -> list[Answer]:
     """The batch handler returns, per job and in order, an exception or a result."""
     assert target.batch_handler is not None
     # Jobs it enqueues belong to the send's tenant, when every job of the send has one.
@@ -59,10 +59,10 @@ def call_batch_handler(target: Target, jobs: Sequence[Job]) -> list[Handed]:
         try:
             values = list(target.batch_handler(jobs))
         except Exception as exc:
-            return [Handed(exc)] * len(jobs)
+            return [Answer(exc)] * len(jobs)
     if len(values) != len(jobs):
         error = RuntimeError(f"batch handler of {target.name} returned {len(values)} results "
                              f"for {len(jobs)} jobs")
-        return [Handed(error)] * len(jobs)
-    return [Handed(value) if isinstance(value, BaseException) else _result(target, value)
+        return [Answer(error)] * len(jobs)
+    return [Answer(value) if isinstance(value, BaseException) else _result(target, value)
             for value in values]

@@ -31,7 +31,7 @@ from jobs_engine.context import LongLaneTry, try_context
 from jobs_engine.errors import UnknownTarget
 from jobs_engine.job import Job
 from jobs_engine.lanes.clock import DatabaseClock, DatabaseTime
-from jobs_engine.lanes.handlers import Handed, call_handler
+from jobs_engine.lanes.handlers import Answer, call_handler
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
 from jobs_engine.lanes.outcomes import RunResult, announce_closed, judge, record, try_entry
 from jobs_engine.lanes.pauses import PauseGate
@@ -372,7 +372,7 @@ class LongLane:
             try:
                 target = get_target(job.target)
             except UnknownTarget as exc:
-                target, answer = None, Handed(exc)
+                target, answer = None, Answer(exc)
             else:
                 with try_context(running):
                     answer = call_handler(target, job)

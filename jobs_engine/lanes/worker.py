@@ -28,9 +28,9 @@ from jobs_engine import store
 from jobs_engine.conf import JobsSettings, jobs_settings
 from jobs_engine.lanes.clock import trust_s
 from jobs_engine.lanes.fast import FastLane
-from jobs_engine.lanes.leases import PartitionLeases, new_worker_id
 from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.outage import Outages, backoff_s, close_quietly, is_database_fault
+from jobs_engine.lanes.partitions import PartitionLeases, new_worker_id
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.lanes.retention import RetentionService
 from jobs_engine.readiness import check_database, unreachable

@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from jobs_engine import conf, store
 from jobs_engine.enqueueing import enqueue_many
-from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.partitions import PartitionLeases
 from jobs_engine.models import AuditRecord, Job, TargetPause
 from jobs_engine.operators import queries
 from jobs_engine.states import JobStatus

@@ -33,7 +33,7 @@ from jobs_engine.contrib.kafka.producer import close_producers
 from jobs_engine.contrib.kafka.settings import parse_kafka_settings
 from jobs_engine.contrib.kafka.target import register_topics
 from jobs_engine.lanes.fast import FastLane
-from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.partitions import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import Job, TargetPause, VersionCounter
 from jobs_engine.states import DeliveryMode, JobStatus, Lane

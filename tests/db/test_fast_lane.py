@@ -27,7 +27,7 @@ from jobs_engine.enqueueing import enqueue, enqueue_many, partition_for
 from jobs_engine.errors import DeadNow, TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.lanes.fast import FastLane
-from jobs_engine.lanes.leases import PartitionLeases
+from jobs_engine.lanes.partitions import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import CompletedJob, Partition, TargetPause
 from jobs_engine.models import Job as JobModel

@@ -24,8 +24,8 @@ from jobs_engine.enqueueing import enqueue
 from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
 from jobs_engine.job import Job
 from jobs_engine.lanes.fast import FastLane
-from jobs_engine.lanes.leases import PartitionLeases
 from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.partitions import PartitionLeases
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.models import CompletedJob, JobStatShard, TargetPause
 from jobs_engine.models import Job as JobModel

@@ -15,7 +15,7 @@ import pytest
 
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings, load_settings
-from jobs_engine.lanes.leases import PartitionLeases, fair_share, new_worker_id
+from jobs_engine.lanes.partitions import PartitionLeases, fair_share, new_worker_id
 from jobs_engine.models import Partition, Worker
 from tests.helpers import FakeMonotonic, race
 
