@@ -53,7 +53,7 @@ class job_context:  # lower case: used as a function, ``with job_context(...):``
     """The trace id, actor and tenant of the job (or request) the code inside runs for.
 
     A class, not a ``@contextmanager`` generator: a lane enters one per job, and the
-    generator's machinery took 1.3 µs of each against 0.7 µs here."""
+    generator's machinery costs more than this class's enter and exit."""
 
     __slots__ = ("_actor", "_actor_token", "_tenant", "_tenant_token", "_trace_id",
                  "_trace_token")

@@ -260,8 +260,8 @@ class InflightMark(models.Model):
 
     Rows of their own, inserted and deleted, never updated: a mark kept on the partition's
     row updated it twice a poll, and while another session holds an old snapshot every
-    update leaves a version that later reads of the row walk past (after three drains of
-    20,000 jobs a read of the 64 partition rows took 26 ms)."""
+    update leaves a version that later reads of the row walk past, and every drain made
+    the read of the partition rows slower."""
 
     id = models.BigAutoField(primary_key=True)
     token = models.CharField(max_length=32, help_text="The poll's token.")
@@ -345,10 +345,9 @@ class JobStatShard(models.Model):
     into the bucket's ``FOLDED`` row and removes them.
 
     Appended, never updated: an upsert of one row per bucket locked it until the outcome's
-    commit, so every worker's outcome writes waited for the others' (17-30% of three
-    long-lane workers' running time); and while another session holds an old snapshot,
-    every update of a row leaves a version behind that each later update walks past (after
-    three drains of 20,000 jobs, a millisecond an upsert)."""
+    commit, so every worker's outcome writes waited for the others'; and while another
+    session holds an old snapshot, every update of a row leaves a version behind that each
+    later update walks past, so every drain made the upsert slower."""
 
     FOLDED = -1  # the shard retention adds a bucket's shards into
 

@@ -134,8 +134,8 @@ class Reads:
             self.cursors, self._cursors_held = {}, held
             self._next_deep_read = 0.0
         if woken:
-            # The named few, not every registered target: a wake-up's path is not walked
-            # once per target (two walks of 500 were 0.1 ms of it). At most
+            # The named few, not every registered target: a wake-up's path does no work per
+            # registered target, so many idle targets do not slow it. At most
             # ``store.WOKEN_POLL_ROWS`` rows each: its plans may predate the rows it finds.
             wanted = sorted(self.active | named) if named is not None else limits
             listed = {name: min(limits[name], store.WOKEN_POLL_ROWS)

@@ -89,9 +89,9 @@ def drain_notifications(listener: Any) -> list[str]:
     """The payloads of what the LISTEN connection received (``store.wake_payload``).
 
     Through libpq itself: psycopg's ``notifies()`` generator (its lock, its deadline, a
-    ``Notify`` per message) took 50-70 µs of an idle worker's wake-up, a twentieth of
-    the commit-to-handler latency. The connection runs no query after its ``LISTEN``, so
-    nothing else reads it. A broken connection raises ``psycopg.OperationalError``.
+    ``Notify`` per message) is work on an idle worker's path from the commit to the
+    handler. The connection runs no query after its ``LISTEN``, so nothing else reads it.
+    A broken connection raises ``psycopg.OperationalError``.
     """
     pgconn = listener.pgconn
     pgconn.consume_input()

@@ -63,7 +63,7 @@ def fetch(sql: str, params: Params = (), using: str | None = None, *,
           prepare: bool = False) -> list[tuple[Any, ...]]:
     """The rows of ``sql``. ``prepare`` (PostgreSQL): the server keeps the statement's plan
     on this connection, for a statement whose text repeats and whose planning costs more
-    than its run (the fast lane's poll: ~2 ms to plan, ~0.4 ms to run)."""
+    than its run (the fast lane's poll)."""
     db = conn(using)
     if prepare and db.vendor == "postgresql":
         cursor = _prepared_cursor(db)  # the session's own, kept open: not closed here
@@ -103,8 +103,8 @@ def native_placeholders(sql: str) -> tuple[str, tuple[str, ...]]:
     """``sql`` with PostgreSQL's own placeholders (``$1``, ``$2``, ...) for the session's
     ``RawCursor``, made once per text, and the parameter names in their numbers' order
     (none for a positional text; a name used twice is one number). psycopg converts
-    ``%s`` at every execution, and caches the conversion only for texts under 4 kB: the
-    long-lane reserve with 500 registered targets (49 kB) spent 0.3 ms a reserve in it."""
+    ``%s`` at every execution, and caches the conversion only for texts under 4 kB, which
+    a worker's statements with many registered targets (the long-lane reserve's) exceed."""
     numbers = itertools.count(1)
     names: dict[str, int] = {}
 
@@ -163,7 +163,7 @@ def named(fragment: tuple[str, Sequence[Any]], name: str) -> tuple[str, dict[str
 
 def _load_timestamptz(cursor: Any) -> None:
     """The driver's own timestamptz loader: Django's wrapper re-sets the time zone of every
-    value in Python, a third of the fast lane's row decoding. The driver's values are
+    value in Python, much of the fast lane's row decoding. The driver's values are
     aware, in the session time zone Django sets: the same instants."""
     cursor.adapters.register_loader("timestamptz", _timestamptz_loader())
 
@@ -174,16 +174,16 @@ def _prepared_cursor(db: Any) -> Any:
     and plans every statement anew; and Django turns prepared statements off for
     transaction-mode poolers, which a worker cannot use anyway (``LISTEN`` needs a session).
 
-    Planning cost more than running (0.48 ms of a 0.29 ms long-lane reserve, 1-2 ms of a
-    fast poll): the session keeps its plans, and ``planning.planner`` decides when they
-    are made again (``Planner.refresh_plans``). Where the project binds server-side
-    itself, its statements are prepared too: its ``prepare_threshold`` and the plan cache
-    mode stand, and the planner is not asked.
+    Planning cost more than running (the long-lane reserve, the fast poll): the session
+    keeps its plans, and ``planning.planner`` decides when they are made again
+    (``Planner.refresh_plans``). Where the project binds server-side itself, its
+    statements are prepared too: its ``prepare_threshold`` and the plan cache mode stand,
+    and the planner is not asked.
 
     The psycopg cursor is made once per session and kept open: making one (its adapters,
-    the timestamptz loader) and closing it took 14 µs of a one-row statement's 116 (the
-    round trip alone is ~86), and an at-most-once per-row target runs one such statement
-    per row.
+    the timestamptz loader) and closing it was a fair share of a one-row statement's time
+    beyond its round trip, and an at-most-once per-row target runs one such statement per
+    row.
     """
     import psycopg
 
@@ -210,7 +210,7 @@ def fetch_insert(sql: str, params: Params, using: str | None = None, *,
     text as Django's cursors do, so the text repeats and can be prepared. A statement
     whose plan may be kept (``plan_may_be_kept``: it inserts values and looks up the
     unique dedupe key only, the right plan at every size of the table) is prepared where
-    the connection allows it (``_may_prepare``): planning was a third of a one-row
+    the connection allows it (``_may_prepare``): planning was a large share of a one-row
     enqueue's time on the server. The caller's session settings are left as they are.
     """
     db = conn(using)

@@ -100,13 +100,13 @@ def _fast_heads_sql(partitions: Sequence[int], now: datetime, limits: Mapping[st
     worker does not probe its idle targets poll after poll. The targets, their limits and
     cursors are unnested and read in a lateral join: one generic plan at any number of
     targets. With a list of values per target the planner costed a full window for each,
-    and past ``jit_above_cost`` (about 90 targets) every poll was compiled first: 1.5 s a
-    poll at 500 targets, where the read itself took 2 ms. Unless every target is in
-    ``always`` (a wake-up's few), the names and limits are constants of the text
-    (``_constant_targets``: a worker's registered targets, the same text poll after
-    poll), and only the targets in ``always`` or with a cursor go as parameters: an array
-    of 500 names, limits and cursors, dumped and parsed at every poll, cost more than the
-    read. SQLite reads every target, one ``UNION ALL`` branch each.
+    and past ``jit_above_cost`` every poll was compiled first, for far longer than the
+    read itself took. Unless every target is in ``always`` (a wake-up's few), the names
+    and limits are constants of the text (``_constant_targets``: a worker's registered
+    targets, the same text poll after poll), and only the targets in ``always`` or with a
+    cursor go as parameters: arrays of every target's name, limit and cursor, dumped and
+    parsed at every poll, cost more than the read. SQLite reads every target, one
+    ``UNION ALL`` branch each.
     """
     after = after or {}
     names = sorted(limits)
@@ -233,7 +233,7 @@ def _names_literal(names: tuple[str, ...]) -> str:
 def _read_per_row(per_row: Collection[str], limits: Mapping[str, int]) -> tuple[str, ...]:
     """The targets of ``per_row`` among those a poll reads (``limits``): only those can be
     its first send. A wake-up's poll reads a few, and the worker's whole list was an array
-    the server parsed at each of them (500 names: 0.07 ms a statement)."""
+    the server parsed at each of them: work in proportion to the registered targets."""
     if len(limits) < len(per_row):
         return tuple(name for name in sorted(limits) if name in per_row)
     return tuple(per_row)

@@ -10,39 +10,38 @@ the plans the session has and reads a few rows (``WOKEN_POLL_ROWS``). A worker p
 handed more rows than PostgreSQL's statistics say the jobs table holds has the table
 analysed (``Planner.analyze_when_behind``).
 
-Why, rule by rule:
+Why, rule by rule (the measurements behind each: docs/benchmarks.md):
 
-- Planning cost more than running: 0.48 ms of a 0.29 ms long-lane reserve, 1-2 ms of a
-  ~2 ms fast poll, a third of a 100-row write of successes. Hence one generic plan.
+- Planning cost more than running: more than the long-lane reserve's run, as much as the
+  fast poll's, a large share of a write of successes. Hence one generic plan.
 - A generic plan is made for the table's size at the time, and kept: a worker that polled
-  an empty queue kept a sequential scan for the burst that followed (three long-lane
-  workers drained 10,000 rows at 500 jobs/s instead of 6,600). Hence ``REPLAN_S``: a plan
-  made on a small table serves a second at most.
-- A second is long in a burst: three long-lane workers drained 10,000 rows at 0.9x one
-  worker's rate, each spending its first two reserves, 0.8 s, in plans made for no rows.
-  Hence ``queue_busy``: once the worker finds rows, each session makes the plans it made
-  while it found none again at its next prepared statement (off the wake-up's path: the
-  poll that found the rows has run), and keeps those it makes meanwhile for ``REPLAN_S``.
-- A worker idle for longer than ``REPLAN_S`` spent its wake-up remaking them (1.2 ms of
-  the 5 ms from commit to handler that sparse events took). Hence ``poll_woken``: that
-  poll runs on the plans and the table size the worker has, and the poll after it makes
-  them again. Those plans may be made for an empty table, where a plan walked the whole
-  table once per row read (a fast poll of 1,000 rows into a 50,000-row burst took 4 s; of
-  10, 80 ms): the woken poll reads at most ``WOKEN_POLL_ROWS`` rows (the lanes cap it).
-- JIT compiled cheap statements: the engine's run in a millisecond or two, but a plan
-  costed past ``jit_above_cost`` (a window's limit a tenth of a large table, many targets)
-  was compiled first, at every run of a generic plan: 45 ms of a poll at a million rows.
+  an empty queue kept a sequential scan for the burst that followed, and drained it at a
+  fraction of its rate. Hence ``REPLAN_S``: a plan made on a small table serves a second
+  at most.
+- A second is long in a burst: three long-lane workers drained a burst slower than one
+  worker did, each spending its first reserves in plans made for no rows. Hence
+  ``queue_busy``: once the worker finds rows, each session makes the plans it made while
+  it found none again at its next prepared statement (off the wake-up's path: the poll
+  that found the rows has run), and keeps those it makes meanwhile for ``REPLAN_S``.
+- A worker idle for longer than ``REPLAN_S`` spent its wake-up remaking them, a large part
+  of the time from commit to handler. Hence ``poll_woken``: that poll runs on the plans
+  and the table size the worker has, and the poll after it makes them again. Those plans
+  may be made for an empty table, where a plan walked the whole table once per row read:
+  the woken poll reads at most ``WOKEN_POLL_ROWS`` rows (the lanes cap it).
+- JIT compiled cheap statements: the engine's are short, but a plan costed past
+  ``jit_above_cost`` (a window's limit a tenth of a large table, many targets) was
+  compiled first, at every run of a generic plan, for many times the statement's run.
 - Plans made again are only as good as the statistics, and a drained queue that autovacuum
   analysed says "no rows" until its next analyse, up to a minute after a burst: every plan
-  read the burst as a handful of rows (polls of 20-180 ms instead of ~5). Hence
-  ``analyze_when_behind``.
+  read the burst as a handful of rows, through the wrong indexes, and polls ran many
+  times slower. Hence ``analyze_when_behind``.
 - One rule outside the worker's sessions: the enqueue function
   ``jobs_engine_enqueue_rows`` runs with ``SET enable_sort = off`` (its own setting, in the
   migration, only while it runs). PL/pgSQL keeps its insert's plan for the session, and a
   plan made while the table was empty looked a key's head up through the status index and
-  a sort, kept once the table had grown (a 100-row keyed insert into 20,000 rows: 135 ms
-  instead of 6). With sorts off, the key-order index is the one way to a head without a
-  sort, at any size of the table.
+  a sort, kept once the table had grown, and keyed inserts ran many times slower. With
+  sorts off, the key-order index is the one way to a head without a sort, at any size of
+  the table.
 
 Who owns it: ``planner``, this process's ``Planner``. The worker tells it what it sees
 (``queue_busy``, ``poll_woken``) and asks it to analyse (``analyze_when_behind``); the
@@ -223,12 +222,11 @@ class Planner:
         The statistics then still describe the table before a burst (a drained queue,
         analysed empty), and every plan made from them reads the burst as if it were a
         handful of rows: wrong indexes, a walk of a key's versions for each row read. A
-        drain that followed took seconds of polls of 20-180 ms instead of ~5 ms, until
-        autovacuum's own analyse came (its naptime is a minute). Analysing makes every
-        session's plans again, for the rows there are. Only the columns the lanes' reads
-        filter and order by (``ANALYZE_COLUMNS``): a whole analyse, payloads and results
-        included, took twice as long (131 ms at 50,000 rows against 64; 28 against 10 at
-        10,000) and 5% from a 10,000-row drain of three workers; with only ``status``,
+        drain that followed ran on slow polls for seconds, until autovacuum's own analyse
+        came (its naptime is a minute). Analysing makes every session's plans again, for
+        the rows there are. Only the columns the lanes' reads filter and order by
+        (``ANALYZE_COLUMNS``): a whole analyse, payloads and results included, took twice
+        as long and slowed a short drain of three workers; with only ``status``,
         ``target`` and ``key``, the reserve, short of ``next_run_at``'s statistics, read
         and sorted every due row. ``SKIP_LOCKED``: another worker's analyse, or
         autovacuum's, is as good and is not waited for; a role that does not own the table
