@@ -75,9 +75,9 @@ def _nested_deeper(text: str, limit: int) -> bool:
 
 def _encode(value: Any) -> str:
     """``_ENCODER.encode(value)`` by the C encoder that ``encode`` would build at every call
-    (a third of a small payload's encode). One per thread: its markers, the ids the
-    circular-reference check is inside, belong to one call at a time, and a call that
-    raised leaves its ids behind, so that encoder is dropped."""
+    (building it was a large share of a small payload's encode). One per thread: its
+    markers, the ids the circular-reference check is inside, belong to one call at a time,
+    and a call that raised leaves its ids behind, so that encoder is dropped."""
     encoder: Callable[[Any, int], tuple[str, ...]] | None = getattr(_encoders, "encoder", None)
     if encoder is None:
         # None in an interpreter without the C module (typeshed does not declare it).

@@ -131,8 +131,8 @@ def in_names(column: str, names: Sequence[str], using: str | None = None
              ) -> tuple[str, list[Any]]:
     """``in_`` for a worker's registered targets, a list that repeats statement after
     statement: on PostgreSQL a constant of the text (``names_constant``). The planner
-    hashes a constant list (PostgreSQL 14), where a parameter's 500 names were compared
-    one by one for each row, and dumped and parsed at every call."""
+    hashes a constant list (PostgreSQL 14), where a parameter's names were compared one
+    by one for each row, and dumped and parsed at every call."""
     if names and is_postgres(using):
         return f"{column} = ANY({names_constant(tuple(names))})", []
     return in_(column, names, using)

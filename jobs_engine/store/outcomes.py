@@ -182,7 +182,7 @@ def jobs_done(guard: Guard, done: Sequence[Done], now: datetime, *, keep: int) -
     if not done:
         return 0
     # The texts are the same for any number of rows (arrays): prepared, the server parses
-    # and plans them once per session (a third of a 100-row write of the fast lane).
+    # and plans them once per session, where planning cost a large share of a write.
     move = _move(guard, done, now, keep)
     if move.kept is None:
         return execute(f"DELETE FROM {JOBS} WHERE {move.where}", move.params)
