@@ -7,7 +7,6 @@ runs before the first write, so a bad item leaves the database untouched.
 from __future__ import annotations
 
 import hashlib
-import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db import DatabaseError, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from jobs_engine import store
@@ -32,8 +31,6 @@ MAX_DEDUPE_KEY_LENGTH = 255
 _COLUMN_KEY_LENGTH = 255
 _COLUMN_CODE_LENGTH = 200
 MIN_PRIORITY, MAX_PRIORITY = -100, 100  # Django's Tasks API uses the same range
-
-logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EnqueueResult:
@@ -167,13 +164,12 @@ def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None
     )
 
 
-def _target_of_payloads(items: list[Mapping[str, Any]], using: str | None
-                        ) -> tuple[Target, Any] | None:
+def _target_of_payloads(items: list[Mapping[str, Any]]) -> tuple[Target, Any] | None:
     """The target of a batch whose every item is that target's payload and nothing else
-    (each other argument absent or at its default, the tenant the same for all), on
-    PostgreSQL, for a durable target, and that tenant as given (None: not given); None for
-    any other batch, which ``_build`` checks item by item."""
-    if not items or not store.is_postgres(using):
+    (each other argument absent or at its default, the tenant the same for all), for a
+    durable target, and that tenant as given (None: not given); None for any other batch,
+    which ``_build`` checks item by item."""
+    if not items:
         return None
     name = items[0].get("target")
     if name is None:
@@ -196,71 +192,24 @@ def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: 
                       trace_id: str | None, actor: dict[str, Any] | None, tenant: str | None,
                       using: str | None) -> list[EnqueueResult]:
     """``enqueue_many`` of a batch of one target's payloads: the payloads are its only
-    input to check, and the server makes the rest of each row (``jobs_insert_payloads``)."""
+    input to check, and the store makes the rest of each row (``jobs_insert_payloads``)."""
     limit = settings.MAX_PAYLOAD_BYTES
-    payloads = ",".join([_json_text("payload", item.get("payload"), limit) for item in items])
+    payloads = [_json_text("payload", item.get("payload"), limit) for item in items]
     ids = store.jobs_insert_payloads(
         target.name, target.name, target.lane._value_, target.delivery_mode._value_,
-        f"[{payloads}]", settings.PARTITIONS, trace_id or None, actor, tenant, using)
+        payloads, settings.PARTITIONS, trace_id or None, actor, tenant, using)
     if ids:
         wake_workers(target.lane._value_, {target.name}, settings, using, ids.waiting)
     return [EnqueueResult(True, job_id) for job_id in ids]
 
 
-class _WakeAfterCommit:
-    """The after-commit wake-up of one transaction's enqueues: their lanes and targets, one
-    statement, run only if one of them found a worker waiting (``waiting``)."""
-
-    __slots__ = ("targets_by_lane", "using", "waiting")
-
-    def __init__(self, using: str | None) -> None:
-        self.targets_by_lane: dict[str, set[str]] = {}
-        self.using = using
-        self.waiting = False
-
-    def add(self, lane: str, targets: set[str], waiting: bool) -> None:
-        self.targets_by_lane.setdefault(lane, set()).update(targets)
-        self.waiting |= waiting
-
-    def __call__(self) -> None:
-        if not self.waiting:
-            return
-        try:
-            store.workers_wake(self.targets_by_lane, self.using)
-        except DatabaseError:  # committed: the workers find the rows at their next poll
-            logger.warning("enqueue committed but could not wake the workers of %s",
-                           ",".join(sorted(self.targets_by_lane)), exc_info=True)
-
-
 def wake_workers(lane: str, targets: set[str], settings: JobsSettings, using: str | None,
                  waiting: bool) -> None:
     """Once the caller's transaction commits, wake the workers that wait on ``lane`` for
-    ``targets``, if its insert found one waiting (``waiting``).
-
-    After the commit, not in it: a NOTIFY in the enqueue's transaction held a
-    database-wide lock through its commit, so enqueuing transactions committed one at a
-    time. And only when a worker waited as the rows were inserted: a statement after
-    every commit was a second round trip for nothing while the workers were busy. A
-    worker that asks later, before the commit, finds the transaction holding its lanes'
-    lock and looks again soon (``store.wakeups_wanted``). A transaction Django does not
-    manage (autocommit off, no ``atomic``) has no after-commit hook: its NOTIFY rides it.
-    """
-    if not settings.NOTIFY or not store.is_postgres(using):
-        return
-    db = transaction.get_connection(using)
-    if not db.in_atomic_block and not db.get_autocommit():
-        if waiting:
-            store.workers_notify([lane], using)
-        return
-    for _savepoints, callback, _robust in db.run_on_commit:
-        if isinstance(callback, _WakeAfterCommit):
-            callback.add(lane, targets, waiting)
-            return
-    if not waiting and not db.in_atomic_block:
-        return  # autocommit, nobody waited: nothing to run after this commit
-    wake = _WakeAfterCommit(using)
-    wake.add(lane, targets, waiting)
-    transaction.on_commit(wake, using=using)  # in autocommit: now
+    ``targets`` if its insert found one waiting (``store.wake_after_commit``), unless the
+    project turned wake-ups off (``NOTIFY``)."""
+    if settings.NOTIFY:
+        store.wake_after_commit(lane, targets, waiting, using)
 
 
 def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
@@ -273,7 +222,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     settings = jobs_settings()
     items = list(items)
     trace_id, actor, tenant = request_trace_id(), current_actor(), current_tenant()
-    payloads_of = _target_of_payloads(items, using)
+    payloads_of = _target_of_payloads(items)
     if payloads_of is not None:
         target, given_tenant = payloads_of
         return _enqueue_payloads(target, items, settings, trace_id, actor,

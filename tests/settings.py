@@ -14,6 +14,11 @@ from config.settings import *  # noqa: F403
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
     DATABASES["default"]["TEST"] = {  # noqa: F405
         "NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
+    # SQLite beside PostgreSQL, for the tests that store the same rows in both and compare
+    # them (tests/db/test_one_insert.py); its test database, in memory, is made only for a
+    # run that collects such a test (``django_db(databases=[..., "sqlite"])``). Django's
+    # SQLite backend, but for a check that would open a connection (tests/sqlite_beside).
+    DATABASES["sqlite"] = {"ENGINE": "tests.sqlite_beside", "NAME": ":memory:"}  # noqa: F405
 
 # Django's Tasks API on the engine (tests/db/test_tasks*.py, tests/process/test_tasks_processes.py):
 # "once" runs at most once, "retried" tries three times, "kept" keeps only 2 results.

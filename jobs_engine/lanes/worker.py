@@ -117,7 +117,7 @@ class Wakeup:
         os.set_blocking(self._read_fd, False)
         os.set_blocking(self._write_fd, False)
         self._poked = False  # a byte is in the pipe, or about to be: no need for another
-        self._listen = listen and store.is_postgres()
+        self._listen = listen and store.notifications_exist()
         self._outages = outages
         self._monotonic = monotonic
         self._listener: Any = None

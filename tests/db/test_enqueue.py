@@ -509,10 +509,12 @@ def test_the_head_lookup_takes_the_key_order_index_at_any_size(
     assert runs[behind[1].job_id] < later
     if not is_postgres():  # no plans kept: nothing more to see
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT proconfig, prosrc FROM pg_proc WHERE proname = %s",
+    with connection.cursor() as cursor:  # the rows' function's settings, the lookup's text
+        cursor.execute("SELECT proconfig FROM pg_proc WHERE proname = %s",
                        [store.INSERT_ROWS_FUNCTION])
-        ((config, source),) = cursor.fetchall()
+        ((config,),) = cursor.fetchall()
+        cursor.execute("SELECT prosrc FROM pg_proc WHERE proname = 'jobs_engine_new_rows'")
+        ((source,),) = cursor.fetchall()
     lookup = re.search(r"\(SELECT h\.next_run_at .*?LIMIT 1\)", source, re.DOTALL)
     assert lookup is not None, source
     lookup_sql = (lookup.group(0)[1:-1].replace("r.partition", "$1")
@@ -635,7 +637,8 @@ def _inserted_by_payloads_function(captured: CaptureQueriesContext) -> bool:
 def test_a_batch_of_payloads_makes_the_rows_the_item_by_item_path_makes(
         targets: Targets, lane: str, in_request: bool) -> None:
     """A batch of one target's payloads and nothing else is one call of the payloads'
-    insert function on PostgreSQL, where the server makes what the items leave out. Its
+    insert function on PostgreSQL, where the server makes what the items leave out (on
+    SQLite the store makes them the same way). Its
     rows are the rows the item-by-item path makes of the same payloads (an empty
     ``headers`` sends them there), column by column but for the random ones: the
     target's code, lane and delivery mode, version 0, no headers, due now, the request's
@@ -670,13 +673,9 @@ def test_a_batch_of_payloads_makes_the_rows_the_item_by_item_path_makes(
             assert re.fullmatch("[0-9a-f]{32}", row.trace_id), row.trace_id
     made = [rows[r.job_id] for r in fast]
     assert len({row.dedupe_key for row in made}) == len(payloads)
-    partitions = current_settings().PARTITIONS
-    if is_postgres():  # round the partitions from a random one
-        assert [row.partition for row in made] == [
-            (made[0].partition + n) % partitions for n in range(len(made))]
-    else:
-        assert all(row.partition == partition_for(None, row.dedupe_key, partitions)
-                   for row in made)
+    partitions = current_settings().PARTITIONS  # round the partitions from a random one
+    assert [row.partition for row in made] == [
+        (made[0].partition + n) % partitions for n in range(len(made))]
     if not in_request:
         assert len({row.trace_id for row in made}) == len(payloads)
 
@@ -776,7 +775,7 @@ def test_a_batch_of_dedupe_keys_enqueue_made_inserts_without_an_arbiter(
     made_sql, given_sql = insert_of(made), insert_of(given)
     if is_postgres():
         assert store.INSERT_ROWS_FUNCTION in made_sql and store.INSERT_ROWS_FUNCTION in given_sql
-        arbiter = [call.call_args.args[1][1] for call in (made_call, given_call)]
+        arbiter = [call.call_args.args[1]["arbiter"] for call in (made_call, given_call)]
         assert arbiter == [False, True], (made_sql, given_sql)
     else:
         assert "ON CONFLICT" not in made_sql.upper(), made_sql

@@ -361,9 +361,9 @@ def build(out: Path) -> tuple[Path, Path]:
 
 
 def data_files() -> set[str]:
-    """Every file under the apps' templates, static and migrations folders, and the PEP 561
-    marker."""
-    found = {"jobs_engine/py.typed",
+    """Every file under the apps' templates, static and migrations folders, the PEP 561
+    marker, and the SQL file of PostgreSQL's functions."""
+    found = {"jobs_engine/py.typed", "jobs_engine/store/sql/enqueue.sql",
              "jobs_engine/templates/admin/jobs_engine/input_filter.html",
              "jobs_engine/contrib/schedules/migrations/0001_initial.py",
              "jobs_engine/contrib/schedules/templates/admin/jobs_engine_schedules/schedule/"

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 from django.apps import apps
 
+import jobs_engine
 from jobs_engine.store import fast, flows, leases, long, outcomes
 
 MODULES = [fast, long, leases, outcomes, flows]
@@ -64,3 +66,16 @@ def test_no_statement_text_takes_positional_parameters(module: ModuleType) -> No
     source = inspect.getsource(module)
     assert "%(" in source
     assert "%s" not in source
+
+
+def test_nothing_above_the_store_asks_which_database_it_runs_on() -> None:
+    """The lanes, enqueue, flows and the operators call the store's intents; the database's
+    differences stay inside ``store/`` (and the migrations, which make the schema)."""
+    package = Path(jobs_engine.__file__).parent
+    asking = re.compile(r"\bis_postgres\b|\bwritable_ctes\b|\.vendor\b|connection\.features\b")
+    found = [f"{path.relative_to(package)}:{number}"
+             for path in sorted(package.rglob("*.py"))
+             if path.parent.name not in ("store", "migrations")
+             for number, line in enumerate(path.read_text().splitlines(), 1)
+             if asking.search(line)]
+    assert found == []
