@@ -251,7 +251,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], using: str | None = None
     first_claim: set[str] = set()
     for target, row in built:
         if target.lossy:
-            transaction.on_commit(partial(lossy.hand_off, target, row, settings), using=using)
+            transaction.on_commit(partial(lossy.submit, target, row, settings), using=using)
             results.append(EnqueueResult(inserted=False, job_id=None, lossy=True))
             continue
         if row.dedupe_key in inserted and row.dedupe_key not in first_claim:

@@ -22,7 +22,7 @@ logger = logging.getLogger("jobs_engine")
 _pool: ThreadPoolExecutor | None = None
 
 
-def hand_off(target: Target, new: NewJob, settings: JobsSettings) -> None:
+def submit(target: Target, new: NewJob, settings: JobsSettings) -> None:
     global _pool
     if not settings.WORKERS:
         logger.warning("lossy job dropped target=%s dedupe_key=%s reason=JOBS_WORKERS=off",

@@ -15,7 +15,7 @@
 Callers write ``store.<function>``; the lanes, leases and outcome code never write SQL.
 """
 
-from jobs_engine.store.connection import db_now, is_postgres
+from jobs_engine.store.connection import db_now, is_postgres, notifications_exist
 from jobs_engine.store.control import *  # noqa: F403
 from jobs_engine.store.control import __all__ as _control
 from jobs_engine.store.dialect import read_dt, read_json, writable_ctes
@@ -36,5 +36,6 @@ from jobs_engine.store.planning import __all__ as _planning
 from jobs_engine.store.rows import *  # noqa: F403
 from jobs_engine.store.rows import __all__ as _rows
 
-__all__ = ["db_now", "is_postgres", "read_dt", "read_json", "writable_ctes", *_rows, *_enqueue,
-           *_fast, *_long, *_outcomes, *_flows, *_planning, *_leases, *_control]
+__all__ = ["db_now", "is_postgres", "notifications_exist", "read_dt", "read_json",
+           "writable_ctes", *_rows, *_enqueue, *_fast, *_long, *_outcomes, *_flows,
+           *_planning, *_leases, *_control]

@@ -44,6 +44,12 @@ def is_postgres(using: str | None = None) -> bool:
     return _vendor(using or DEFAULT_DB_ALIAS) == "postgresql"
 
 
+def notifications_exist() -> bool:
+    """Whether the database sends notifications a worker may wait for (PostgreSQL's
+    ``LISTEN``); without them a worker polls."""
+    return is_postgres()
+
+
 # -- running statements ----------------------------------------------------------------
 
 

@@ -52,7 +52,6 @@ __all__ = [
     "jobs_ids_by_dedupe_key",
     "jobs_insert_many",
     "jobs_insert_payloads",
-    "notifications_exist",
     "version_counter_next",
     "wake_after_commit",
     "wake_payload",
@@ -125,8 +124,8 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     """Insert PENDING rows, skipping any whose dedupe_key exists; returns dedupe_key → id
     of the rows inserted.
 
-    Index: ``jobs_one_per_dedupe_key`` (the arbiter), ``jobs_pending_key_order`` (a keyed
-    row's head). ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the
+    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order`` for a keyed row's head.
+    ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the
     caller's transaction (waking a worker is the caller's, after the commit:
     ``wake_after_commit``). A new row of a key whose head waits for a retry starts at the
     head's run time. Each row's values go in the order ``store/sql/enqueue.sql`` declares
@@ -144,11 +143,10 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
         return _insert_by_function(rows, arbiter, using)
     # Positional parameters: the VALUES list binds 15 a row, and naming each would cost
     # more than the statement's other work in Python.
-    source, params = values_([_sqlite_values(row, using) for row in rows])
-    stamp = dt(now, using)
+    source, params = named(values_([_sqlite_values(row, using) for row in rows]), "value")
     found = fetch(f"WITH u({_ROW_COLUMNS_SQL}) AS ({source}), "
                   + _insert_sql(any(row.key is not None for row in rows), arbiter),
-                  [*params, stamp, stamp, stamp], using)
+                  {**params, "now": dt(now, using)}, using)
     return Inserted({dedupe_key: job_id for job_id, dedupe_key in found})
 
 
@@ -157,8 +155,8 @@ def _insert_by_function(rows: Sequence[NewJob], arbiter: bool, using: str | None
     """``jobs_insert_many`` on PostgreSQL: one call of a function, the rows one JSON text;
     with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every dedupe key, without.
 
-    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order``, in the function. Its
-    insert, each key's head lookup included, is planned once per session, prepared
+    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order``, in the function.
+    Its insert, each key's head lookup included, is planned once per session, prepared
     statements or not (a PL/pgSQL function keeps its plans); the call itself is prepared
     where the connection allows it. The same statement asks whether a worker waits
     (``_ENQUEUING``)."""
@@ -197,21 +195,21 @@ def _insert_sql(keyed: bool, arbiter: bool) -> str:
     ``ROW_COLUMNS``' order): ``jobs_engine_new_rows`` and the insert of
     ``jobs_engine_enqueue_rows`` (store/sql/enqueue.sql) in SQLite's words.
 
-    Index: ``jobs_one_per_dedupe_key`` (``arbiter``), ``jobs_pending_key_order`` (``keyed``).
-    The clock is the caller's ``now`` (its three parameters). Made once per shape: only
+    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order`` (arbiter, keyed).
+    The clock is the caller's ``now``. Made once per shape: only
     its parameters change between calls."""
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{PENDING_VALUE}' "
                    "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
                    "ORDER BY h.version, h.id LIMIT 1)")
     next_run_at = f"MAX(due, COALESCE({head_run_at}, due))" if keyed else "due"
     return (
-        "v AS (SELECT u.*, COALESCE(u.run_at, %s) AS due FROM u) "
+        "v AS (SELECT u.*, COALESCE(u.run_at, %(now)s) AS due FROM u) "
         f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
         "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
         "priority, tenant_id, created_at, updated_at) "
         "SELECT code, target, lane, key, partition, version, payload, headers, dedupe_key, "
         f"'{ENQUEUE.target}', delivery_mode, 0, {next_run_at}, '', trace_id, actor, priority, "
-        "tenant_id, %s, %s FROM v WHERE true "
+        "tenant_id, %(now)s, %(now)s FROM v WHERE true "
         + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key")
 
 
@@ -223,7 +221,7 @@ def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
     the target's, the call's or its default; the ids, in the payloads' order, and whether
     a worker waits (``InsertedIds``).
 
-    Index: none read (no key, no arbiter: every dedupe key is made here). Each row's
+    Index: none read, as no key and no arbiter: every dedupe key is made here. Each row's
     dedupe key and, without ``trace_id``, trace id are a random prefix drawn once per call
     and the row's number; the rows go round the partitions from a random one. On
     PostgreSQL the server makes them (``INSERT_PAYLOADS_FUNCTION``), so a batch costs
@@ -277,7 +275,7 @@ def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
 def version_counter_next(key: str, using: str | None = None) -> int:
     """Atomically add one to the counter of ``key`` (row-locked until the caller commits).
 
-    Index: the counters' primary key (``key``)."""
+    Index: the primary key of the counters."""
     value: int = fetch(
         f"INSERT INTO {COUNTERS} (key, value) VALUES (%(key)s, 1) ON CONFLICT (key) "
         f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", {"key": key}, using,
@@ -288,17 +286,12 @@ def version_counter_next(key: str, using: str | None = None) -> int:
 # -- wake-ups (PostgreSQL: the wait and wake sequences and ``WAKE_FUNCTION``) -------------
 
 
-def notifications_exist() -> bool:
-    """Whether the database sends notifications a worker may wait for (PostgreSQL's
-    ``LISTEN``); without them a worker polls."""
-    return is_postgres()
-
-
 def wakeups_wanted(lanes: Collection[str]) -> bool:
     """Take the next wait number of each of a worker's lanes before it sleeps; False: an
     enqueue of them is open.
 
-    Index: none (sequences and advisory locks, ``ASK_FUNCTION``). An enqueue that looks at
+    Index: none, sequences and advisory locks.
+    The statement calls ``ASK_FUNCTION``. An enqueue that looks at
     the numbers after it sends the lane's NOTIFY after its commit (``workers_wake``). Taken
     before the worker's last poll, so rows committed before it are found by that poll.
     False: an enqueue of these lanes was open as the worker asked (it holds their lock,
@@ -341,6 +334,8 @@ def wake_after_commit(lane: str, targets: set[str], waiting: bool, using: str | 
     ``targets``, if its insert found one waiting (``waiting``); where the database sends
     no wake-ups (SQLite), nothing: its workers find the rows at their next poll.
 
+    Index: none, a notification.
+    It is sent after the commit (``workers_wake``), or in it.
     After the commit, not in it: a NOTIFY in the enqueue's transaction held a
     database-wide lock through its commit, so enqueuing transactions committed one at a
     time. And only when a worker waited as the rows were inserted: a statement after
@@ -372,7 +367,8 @@ def workers_wake(targets_by_lane: Mapping[str, Collection[str]], using: str | No
     """NOTIFY each lane on which a worker waits, after the commit of an enqueue that found
     one waiting; how many lanes were notified.
 
-    Index: none (sequences and notifications, ``WAKE_FUNCTION``). In autocommit: counts a
+    Index: none, sequences and notifications.
+    The statement calls ``WAKE_FUNCTION``. In autocommit: counts a
     commit of fast-lane rows (``ENQUEUES_FAST``), and notifies each lane on which a worker
     took a wait number no wake-up has answered yet. A fast-lane notification names the
     commit's targets (``wake_payload``)."""
@@ -422,7 +418,7 @@ def wake_targets(payloads: Sequence[str]) -> frozenset[str] | None:
 def workers_notify(lanes: Collection[str], using: str | None = None) -> None:
     """NOTIFY ``lanes`` at the commit of the caller's transaction, naming no target.
 
-    Index: none (a notification). For a transaction that Django does not manage, which has
+    Index: none, a notification. For a transaction that Django does not manage, which has
     no after-commit hook."""
     for lane in sorted(lanes):
         fetch("SELECT pg_notify(%(channel)s, %(lane)s)", {"channel": NOTIFY_CHANNEL,

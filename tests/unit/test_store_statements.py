@@ -13,9 +13,13 @@ import pytest
 from django.apps import apps
 
 import jobs_engine
-from jobs_engine.store import fast, flows, leases, long, outcomes
+from jobs_engine.store import enqueue, fast, flows, leases, long, outcomes
 
-MODULES = [fast, long, leases, outcomes, flows]
+MODULES = [enqueue, fast, long, leases, outcomes, flows]
+
+
+# Exported beside the statements but running none: the wake-up payload's text.
+NO_STATEMENT = {"wake_payload", "wake_targets"}
 
 
 def index_names() -> set[str]:
@@ -32,6 +36,8 @@ def statement_functions(module: ModuleType) -> list[tuple[str, str]]:
     whose docstring names an index (``Guard.match``)."""
     found = []
     for name in module.__all__:
+        if name in NO_STATEMENT:
+            continue
         value = getattr(module, name)
         if inspect.isfunction(value):
             found.append((name, inspect.getdoc(value) or ""))
@@ -63,7 +69,8 @@ def test_every_statement_says_what_it_does_then_the_index_it_uses(module: Module
 def test_no_statement_text_takes_positional_parameters(module: ModuleType) -> None:
     """A positional fragment of another module (``in_``, ``table``, ``values_``) is given
     names with ``named``: the module's own text holds no ``%s``."""
-    source = inspect.getsource(module)
+    source = "\n".join(line for line in inspect.getsource(module).splitlines()
+                       if "logger." not in line)  # a log line's own ``%s``
     assert "%(" in source
     assert "%s" not in source
 
