@@ -9,6 +9,7 @@ import random
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
+from itertools import chain
 from operator import attrgetter
 from typing import Any, NamedTuple
 
@@ -122,16 +123,16 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     """Insert PENDING rows, skipping any whose dedupe_key exists; returns dedupe_key → id
     of the rows inserted.
 
-    Index: ``jobs_one_per_dedupe_key`` (the arbiter), ``jobs_pending_key_order`` (a keyed
-    row's head). ``ON CONFLICT DO NOTHING`` never raises, so a duplicate cannot abort the
-    caller's transaction (waking a worker is the caller's, after the commit:
-    ``wake_after_commit``). A new row of a key whose head waits for a retry starts at the
-    head's run time. Each row's values go in the order ``store/sql/enqueue.sql`` declares
-    (``ROW_COLUMNS``): on PostgreSQL as one JSON text to its function
-    (``INSERT_ROWS_FUNCTION``), whose plan the session keeps; on SQLite as the rows of a
-    ``VALUES`` list whose columns are named in that order (``_insert_sql``). A batch whose
-    dedupe keys were all made by enqueue inserts without ``ON CONFLICT``: random keys
-    conflict with nothing, and the arbiter's check, speculative insert and confirmation
+    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order``. The first is the
+    arbiter, the second finds a keyed row's head. ``ON CONFLICT DO NOTHING`` never raises,
+    so a duplicate cannot abort the caller's transaction (waking a worker is the caller's,
+    after the commit: ``wake_after_commit``). A new row of a key whose head waits for a
+    retry starts at the head's run time. Each row's values go in the order
+    ``store/sql/enqueue.sql`` declares (``ROW_COLUMNS``): on PostgreSQL as one JSON text to
+    its function (``INSERT_ROWS_FUNCTION``), whose plan the session keeps; on SQLite as the
+    rows of a ``VALUES`` list whose columns are named in that order (``_insert_sql``). A
+    batch whose dedupe keys were all made by enqueue inserts without ``ON CONFLICT``: random
+    keys conflict with nothing, and the arbiter's check, speculative insert and confirmation
     were an eighth of the insert.
     """
     if not rows:
@@ -139,14 +140,11 @@ def jobs_insert_many(rows: Sequence[NewJob], now: datetime, using: str | None = 
     arbiter = any(row.dedupe_key_given for row in rows)
     if is_postgres(using):
         return _insert_by_function(rows, arbiter, using)
-    # Positional parameters: the VALUES list binds 15 a row, and naming each would cost
-    # more than the statement's other work in Python.
-    source, params = values_([_sqlite_values(row, using) for row in rows])
-    stamp = dt(now, using)
-    found = fetch(f"WITH u({_ROW_COLUMNS_SQL}) AS ({source}), "
-                  + _insert_sql(any(row.key is not None for row in rows), arbiter),
-                  [*params, stamp, stamp, stamp], using)
-    return Inserted({dedupe_key: job_id for job_id, dedupe_key in found})
+    sql, names = _insert_sql(len(rows), any(row.key is not None for row in rows), arbiter)
+    params = dict(zip(names, chain.from_iterable(_sqlite_values(row, using) for row in rows),
+                      strict=True))
+    params["now"] = dt(now, using)
+    return Inserted({dedupe_key: job_id for job_id, dedupe_key in fetch(sql, params, using)})
 
 
 def _insert_by_function(rows: Sequence[NewJob], arbiter: bool, using: str | None
@@ -154,7 +152,7 @@ def _insert_by_function(rows: Sequence[NewJob], arbiter: bool, using: str | None
     """``jobs_insert_many`` on PostgreSQL: one call of a function, the rows one JSON text;
     with ``ON CONFLICT`` (``arbiter``) or, when enqueue made every dedupe key, without.
 
-    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order``, in the function. Its
+    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order``. In the function, its
     insert, each key's head lookup included, is planned once per session, prepared
     statements or not (a PL/pgSQL function keeps its plans); the call itself is prepared
     where the connection allows it. The same statement asks whether a worker waits
@@ -188,28 +186,33 @@ def _sqlite_values(row: NewJob, using: str | None) -> list[Any]:
     return values
 
 
-@lru_cache(maxsize=4)
-def _insert_sql(keyed: bool, arbiter: bool) -> str:
-    """``jobs_insert_many``'s statement on SQLite after its rows (``u``, columns in
-    ``ROW_COLUMNS``' order): ``jobs_engine_new_rows`` and the insert of
-    ``jobs_engine_enqueue_rows`` (store/sql/enqueue.sql) in SQLite's words.
+@lru_cache(maxsize=256)
+def _insert_sql(count: int, keyed: bool, arbiter: bool) -> tuple[str, tuple[str, ...]]:
+    """``jobs_insert_many``'s statement on SQLite for ``count`` rows, and the names of their
+    values in order: ``jobs_engine_new_rows`` and the insert of ``jobs_engine_enqueue_rows``
+    (store/sql/enqueue.sql) in SQLite's words.
 
-    Index: ``jobs_one_per_dedupe_key`` (``arbiter``), ``jobs_pending_key_order`` (``keyed``).
-    The clock is the caller's ``now`` (its three parameters). Made once per shape: only
-    its parameters change between calls."""
+    Index: ``jobs_one_per_dedupe_key``, ``jobs_pending_key_order``. The arbiter only with
+    ``arbiter``, the head lookup only with ``keyed``. The rows are a ``VALUES`` list whose
+    columns are named in ``ROW_COLUMNS``' order; the clock is the caller's ``now``. Made
+    once per shape (Django's cursor, and ``connection.positional``, find the same text
+    again): only the parameters change between calls."""
+    rows, places = named(values_([ROW_COLUMNS] * count), "row")
     head_run_at = (f"(SELECT h.next_run_at FROM {JOBS} h WHERE h.status = '{PENDING_VALUE}' "
                    "AND h.partition = v.partition AND h.target = v.target AND h.key = v.key "
                    "ORDER BY h.version, h.id LIMIT 1)")
     next_run_at = f"MAX(due, COALESCE({head_run_at}, due))" if keyed else "due"
     return (
-        "v AS (SELECT u.*, COALESCE(u.run_at, %s) AS due FROM u) "
+        f"WITH u({_ROW_COLUMNS_SQL}) AS ({rows}), "
+        "v AS (SELECT u.*, COALESCE(u.run_at, %(now)s) AS due FROM u) "
         f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
         "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
         "priority, tenant_id, created_at, updated_at) "
         "SELECT code, target, lane, key, partition, version, payload, headers, dedupe_key, "
         f"'{ENQUEUE.target}', delivery_mode, 0, {next_run_at}, '', trace_id, actor, priority, "
-        "tenant_id, %s, %s FROM v WHERE true "
-        + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key")
+        "tenant_id, %(now)s, %(now)s FROM v WHERE true "
+        + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key",
+        tuple(places))
 
 
 def jobs_insert_payloads(code: str, target: str, lane: str, delivery_mode: str,
@@ -274,7 +277,7 @@ def jobs_ids_by_dedupe_key(dedupe_keys: Sequence[str], using: str | None = None
 def version_counter_next(key: str, using: str | None = None) -> int:
     """Atomically add one to the counter of ``key`` (row-locked until the caller commits).
 
-    Index: the counters' primary key (``key``)."""
+    Index: the primary key of the counters."""
     value: int = fetch(
         f"INSERT INTO {COUNTERS} (key, value) VALUES (%(key)s, 1) ON CONFLICT (key) "
         f"DO UPDATE SET value = {COUNTERS}.value + 1 RETURNING value", {"key": key}, using,
@@ -289,7 +292,7 @@ def wakeups_wanted(lanes: Collection[str]) -> bool:
     """Take the next wait number of each of a worker's lanes before it sleeps; False: an
     enqueue of them is open.
 
-    Index: none (sequences and advisory locks, ``ASK_FUNCTION``). An enqueue that looks at
+    Index: none (sequences and advisory locks). An enqueue that looks at
     the numbers after it sends the lane's NOTIFY after its commit (``workers_wake``). Taken
     before the worker's last poll, so rows committed before it are found by that poll.
     False: an enqueue of these lanes was open as the worker asked (it holds their lock,
@@ -322,8 +325,8 @@ class _WakeAfterCommit:
         try:
             workers_wake(self.targets_by_lane, self.using)
         except DatabaseError:  # committed: the workers find the rows at their next poll
-            logger.warning("enqueue committed but could not wake the workers of %s",
-                           ",".join(sorted(self.targets_by_lane)), exc_info=True)
+            logger.warning("enqueue committed but could not wake the workers of %(lanes)s",
+                           {"lanes": ",".join(sorted(self.targets_by_lane))}, exc_info=True)
 
 
 def wake_after_commit(lane: str, targets: set[str], waiting: bool, using: str | None = None
@@ -332,13 +335,14 @@ def wake_after_commit(lane: str, targets: set[str], waiting: bool, using: str | 
     ``targets``, if its insert found one waiting (``waiting``); where the database sends
     no wake-ups (SQLite), nothing: its workers find the rows at their next poll.
 
-    After the commit, not in it: a NOTIFY in the enqueue's transaction held a
-    database-wide lock through its commit, so enqueuing transactions committed one at a
-    time. And only when a worker waited as the rows were inserted: a statement after
-    every commit was a second round trip for nothing while the workers were busy. A
-    worker that asks later, before the commit, finds the transaction holding its lanes'
-    lock and looks again soon (``wakeups_wanted``). A transaction Django does not manage
-    (autocommit off, no ``atomic``) has no after-commit hook: its NOTIFY rides it.
+    Index: none (no statement of its own). After the commit, not in it: a NOTIFY in the
+    enqueue's transaction held a database-wide lock through its commit, so enqueuing
+    transactions committed one at a time. And only when a worker waited as the rows were
+    inserted: a statement after every commit was a second round trip for nothing while the
+    workers were busy. A worker that asks later, before the commit, finds the transaction
+    holding its lanes' lock and looks again soon (``wakeups_wanted``). A transaction Django
+    does not manage (autocommit off, no ``atomic``) has no after-commit hook: its NOTIFY
+    rides it.
     """
     if not is_postgres(using):
         return
@@ -363,7 +367,7 @@ def workers_wake(targets_by_lane: Mapping[str, Collection[str]], using: str | No
     """NOTIFY each lane on which a worker waits, after the commit of an enqueue that found
     one waiting; how many lanes were notified.
 
-    Index: none (sequences and notifications, ``WAKE_FUNCTION``). In autocommit: counts a
+    Index: none (sequences and notifications). In autocommit (``WAKE_FUNCTION``): counts a
     commit of fast-lane rows (``ENQUEUES_FAST``), and notifies each lane on which a worker
     took a wait number no wake-up has answered yet. A fast-lane notification names the
     commit's targets (``wake_payload``)."""
@@ -384,16 +388,20 @@ WAKE_PAYLOAD_MAX = 4000
 def wake_payload(lane: str, targets: Collection[str]) -> str:
     """A lane's NOTIFY payload: ``fast:["a","b"]`` names the fast-lane targets the poll
     answering it reads; the lane alone, every target (``workers_notify``'s, or a list too
-    long for a payload)."""
+    long for a payload).
+
+    Index: none (no statement)."""
     if lane != Lane.FAST or not targets:
         return lane
-    named = f"{lane}:{json.dumps(sorted(targets), separators=(',', ':'))}"
-    return named if len(named) <= WAKE_PAYLOAD_MAX else lane
+    text = f"{lane}:{json.dumps(sorted(targets), separators=(',', ':'))}"
+    return text if len(text) <= WAKE_PAYLOAD_MAX else lane
 
 
 def wake_targets(payloads: Sequence[str]) -> frozenset[str] | None:
-    """The fast-lane targets ``payloads`` name (``wake_payload``); None: every target."""
-    named: set[str] = set()
+    """The fast-lane targets ``payloads`` name (``wake_payload``); None: every target.
+
+    Index: none (no statement)."""
+    found: set[str] = set()
     for payload in payloads:
         lane, _, listed = payload.partition(":")
         if lane != Lane.FAST:
@@ -406,8 +414,8 @@ def wake_targets(payloads: Sequence[str]) -> frozenset[str] | None:
             return None
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             return None
-        named.update(targets)
-    return frozenset(named)
+        found.update(targets)
+    return frozenset(found)
 
 
 def workers_notify(lanes: Collection[str], using: str | None = None) -> None:
