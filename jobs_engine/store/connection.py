@@ -157,11 +157,19 @@ def named(fragment: tuple[str, Sequence[Any]], name: str) -> tuple[str, dict[str
     for a statement with named ones: its one parameter ``name``, or ``name_0``,
     ``name_1``..."""
     sql, params = fragment
-    keys = [name] if len(params) == 1 else [f"{name}_{n}" for n in range(len(params))]
+    text, keys = _named_text(sql, name, len(params))
+    return text, dict(zip(keys, params, strict=True))
+
+
+@lru_cache(maxsize=512)
+def _named_text(sql: str, name: str, count: int) -> tuple[str, tuple[str, ...]]:
+    """``named``'s text and keys, made once per fragment: a lane's fragments repeat poll
+    after poll, and the substitution was most of the call."""
+    keys = (name,) if count == 1 else tuple(f"{name}_{n}" for n in range(count))
     places = iter(keys)
     text = _PLACEHOLDER.sub(lambda m: m.group() if m.group() == "%%" else f"%({next(places)})s",
                             sql)
-    return text, dict(zip(keys, params, strict=True))
+    return text, keys
 
 
 # -- cursors ----------------------------------------------------------------------------
