@@ -26,6 +26,13 @@ _PUBLIC = {
     "JobPolicy": "jobs_engine.policies",
     "DEFAULT_POLICY": "jobs_engine.policies",
     "RUN_ONCE_POLICY": "jobs_engine.policies",
+    "Concurrency": "jobs_engine.limits",
+    "Rate": "jobs_engine.limits",
+    "PER_TARGET": "jobs_engine.limits",
+    "PER_TENANT": "jobs_engine.limits",
+    "PER_CODE": "jobs_engine.limits",
+    "PER_LIMIT_KEY": "jobs_engine.limits",
+    "per_field": "jobs_engine.limits",
     "Job": "jobs_engine.job",
     "Lane": "jobs_engine.states",
     "DeliveryMode": "jobs_engine.states",
@@ -37,12 +44,14 @@ _PUBLIC = {
     "TargetUnreachable": "jobs_engine.errors",
     "TargetOutcomeUnknown": "jobs_engine.errors",
     "DeadNow": "jobs_engine.errors",
+    "RateLimited": "jobs_engine.errors",
     # errors a caller may catch
     "JobsEngineError": "jobs_engine.errors",
     "UnknownTarget": "jobs_engine.errors",
     "DuplicateTarget": "jobs_engine.errors",
     "InvalidJob": "jobs_engine.errors",
     "InvalidPolicy": "jobs_engine.errors",
+    "InvalidLimit": "jobs_engine.errors",
     # the DEAD alert
     "job_dead": "jobs_engine.signals",
 }

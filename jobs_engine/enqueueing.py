@@ -22,6 +22,7 @@ from jobs_engine.conf import JobsSettings, jobs_settings
 from jobs_engine.context import current_actor, current_tenant, request_trace_id
 from jobs_engine.errors import InvalidJob
 from jobs_engine.lanes import lossy
+from jobs_engine.limits import limit_key_for
 from jobs_engine.registry import Target, get_target
 from jobs_engine.states import Lane
 from jobs_engine.tenancy import Platform, tenant_for
@@ -83,7 +84,7 @@ def _json_text(field: str, value: Any, max_bytes: int | None = None) -> str:
 
 
 _ARGUMENTS = frozenset({"target", "payload", "code", "key", "version", "dedupe_key", "headers",
-                        "run_at", "priority", "tenant_id"})
+                        "run_at", "priority", "tenant_id", "limit_key"})
 _TARGET_AND_PAYLOAD = frozenset({"target", "payload"})
 # What a batch of payloads (``_target_of_payloads``) may give besides them: one tenant for all.
 _SHARED_BY_PAYLOADS = _TARGET_AND_PAYLOAD | {"tenant_id"}
@@ -154,13 +155,18 @@ def _build(item: Mapping[str, Any], settings: JobsSettings, trace_id: str | None
     given_tenant = get("tenant_id")
     if given_tenant is not None:
         tenant = job_tenant(given_tenant, tenant)
+    limit_key = None
+    if target.limits or get("limit_key") is not None:
+        limit_key = limit_key_for(target.name, target.limits, payload=get("payload"),
+                                  code=code or target.name, tenant_id=tenant,
+                                  given=get("limit_key"))
     # Positional: a third of the keyword call's time; ``_value_``: the enum's ``value``
     # without its property's lookup.
     return target, store.NewJob(
         code or target.name, target.name, target.lane._value_, key,
         partition_for(key, dedupe_key, settings.PARTITIONS), version, payload_json, headers,
         dedupe_key, target.delivery_mode._value_, trace_id or next(keys), actor, run_at,
-        priority, dedupe_key_given, tenant,
+        priority, dedupe_key_given, tenant, limit_key,
     )
 
 
@@ -185,7 +191,8 @@ def _target_of_payloads(items: list[Mapping[str, Any]]) -> tuple[Target, Any] | 
                         and not (argument == "priority" and type(value) is int and value == 0)):
                     return None
     target = get_target(name)
-    return None if target.lossy else (target, tenant)
+    # A limited target's rows each take their key (``_build``).
+    return None if target.lossy or target.limits else (target, tenant)
 
 
 def _enqueue_payloads(target: Target, items: list[Mapping[str, Any]], settings: JobsSettings,
@@ -267,7 +274,7 @@ def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | No
             version: int | None = None, dedupe_key: str | None = None,
             headers: Mapping[str, Any] | None = None, run_at: datetime | None = None,
             priority: int = 0, tenant_id: str | Platform | None = None,
-            using: str | None = None) -> EnqueueResult:
+            limit_key: str | None = None, using: str | None = None) -> EnqueueResult:
     """Enqueue one job inside the caller's transaction (autocommit outside one).
 
     Business code should derive ``dedupe_key`` from the change (``<event>:<key>:<version>``)
@@ -275,10 +282,12 @@ def enqueue(target: str, payload: Any, *, code: str | None = None, key: str | No
     ``priority`` (long lane, -100..100): among due jobs a higher one runs first.
     ``tenant_id``: the tenant the job belongs to; None: the tenant of the request
     (``RequestContextMiddleware``) or job the caller serves, if any; ``PLATFORM``: none.
+    ``limit_key``: the key of the target's limits declared ``per=PER_LIMIT_KEY``
+    (``jobs_engine.limits``); required for such a target, refused for any other.
     """
     item = {"target": target, "payload": payload, "code": code, "key": key, "version": version,
             "dedupe_key": dedupe_key, "headers": headers, "run_at": run_at, "priority": priority,
-            "tenant_id": tenant_id}
+            "tenant_id": tenant_id, "limit_key": limit_key}
     return enqueue_many([item], using=using)[0]
 
 

@@ -3,10 +3,10 @@
 Four families, each named for the condition:
 
 - caller errors, raised before anything is written: ``UnknownTarget``, ``DuplicateTarget``,
-  ``InvalidJob``, ``InvalidPolicy`` (and the schedules app's ``InvalidSchedule``,
+  ``InvalidJob``, ``InvalidPolicy``, ``InvalidLimit`` (and the schedules app's ``InvalidSchedule``,
   ``DuplicateSchedule``);
 - handler outcomes, raised by a target's handler to steer its row: ``TargetUnreachable``,
-  ``TargetOutcomeUnknown``, ``DeadNow`` (the Kafka app's ``KafkaSendError`` is an
+  ``TargetOutcomeUnknown``, ``DeadNow``, ``RateLimited`` (the Kafka app's ``KafkaSendError`` is an
   answered failure; ``InvalidResult`` is the engine's verdict on a result it cannot store);
 - refused operator actions, which changed nothing and carry the API's answer:
   ``OperationRefused`` and below it ``NotFound`` (``JobNotFound``, ``ScheduleNotFound``),
@@ -90,6 +90,18 @@ class InvalidFlow(JobsEngineError, ValueError):
         self.problem = problem
 
 
+class InvalidLimit(JobsEngineError, ValueError):
+    """A ``Concurrency`` or ``Rate`` limit, or a target's list of them, that cannot work;
+    ``field`` names the knob. Raised when the limit is built or the target registered."""
+
+    code = "invalid_limit"
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid_limit: {field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
 # -- handler outcomes ---------------------------------------------------------------------
 
 
@@ -107,6 +119,24 @@ class TargetOutcomeUnknown(JobsEngineError):
     def __init__(self, message: str = "", *, target_up: bool = False) -> None:
         super().__init__(message)
         self.target_up = target_up
+
+
+class RateLimited(JobsEngineError):
+    """The downstream said "wait" (an HTTP 429, a quota error): the job keeps its place and
+    its attempts, and its key takes no start for ``retry_after_s`` (the buckets of its
+    target's limits are emptied that long; a job of a target without limits waits that
+    long itself)."""
+
+    MAX_RETRY_AFTER_S = 24 * 3600.0
+
+    def __init__(self, message: str = "", *, retry_after_s: float = 1.0) -> None:
+        if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int | float) \
+                or not 0 <= retry_after_s <= self.MAX_RETRY_AFTER_S:  # NaN fails too
+            raise InvalidLimit("retry_after_s", f"must be a number of seconds from 0 to "
+                                                f"{self.MAX_RETRY_AFTER_S:,.0f}, got "
+                                                f"{retry_after_s!r}")
+        super().__init__(message or f"rate limited: retry after {retry_after_s:g} s")
+        self.retry_after_s = float(retry_after_s)
 
 
 class DeadNow(JobsEngineError):

@@ -35,6 +35,7 @@ class Job(NamedTuple):
     partition: int = 0
     delivery_mode: str = "at_most_once"
     tenant_id: str | None = None  # the tenant it belongs to; None: the platform's own
+    limit_key: str | None = None  # its key under its target's limits (``jobs_engine.limits``)
 
     @property
     def payload(self) -> Any:

@@ -67,9 +67,28 @@ class Job(models.Model):
                                         help_text="Long lane: -100..100, higher runs first.")
     tries = models.JSONField(null=True, blank=True, help_text=TRIES_HELP)
     tenant_id = tenant_field()
+    # The key of its target's limits (``jobs_engine.limits``): '' for a target limited as a
+    # whole; NULL for a target without limits, whose rows the limits' indexes never hold.
+    limit_key = models.CharField(max_length=200, null=True, blank=True,
+                                 help_text="Its key under its target's limits.")
 
     class Meta:
         indexes = [
+            # Limits' admission: the due rows of one key of a limited target, in run order;
+            # a skip scan over it finds the keys that have rows waiting.
+            models.Index(fields=["target", "limit_key", "-priority", "next_run_at", "id"],
+                         condition=PENDING & Q(limit_key__isnull=False),
+                         name="jobs_limited_pending"),
+            # Limits' admission: the rows of a key running now (its used slots).
+            models.Index(fields=["target", "limit_key"],
+                         condition=RUNNING & Q(limit_key__isnull=False),
+                         name="jobs_limited_running"),
+            # Fair shares: the long lane's due rows of one tenant, in run order; a skip
+            # scan over it finds the tenants that have rows waiting. Rows without a tenant
+            # (every row of a single-tenant project) write no entry.
+            models.Index(fields=["tenant_id", "-priority", "next_run_at", "id"],
+                         condition=PENDING & Q(lane=Lane.LONG) & HAS_TENANT,
+                         name="jobs_long_pending_tenant"),
             # Long lane reserve: due rows in run order, the highest priority first. Long
             # lane only, so a fast-lane poll can only read its own target's index, never
             # walk other targets' rows.
@@ -314,6 +333,72 @@ class TargetPause(models.Model):
 
     def __str__(self) -> str:
         return f"{self.target} paused until {self.paused_until}"
+
+
+class LimitBucket(models.Model):
+    """One key of one limit of a target (``jobs_engine.limits``): its rate tokens as of
+    ``refilled_at``, the time until which a ``RateLimited`` answer blocks it, and its
+    counts. Every admission locks the buckets of the keys it admits, so two workers never
+    admit the same slot or token."""
+
+    target = models.CharField(max_length=200)
+    name = models.CharField(max_length=60, help_text="The limit's name on its target.")
+    key = models.CharField(max_length=200, blank=True, default="",
+                           help_text="Its key; empty: the target as a whole.")
+    tokens = models.FloatField(default=0.0, help_text="Rate: starts it may make now.")
+    refilled_at = models.DateTimeField(null=True, blank=True)
+    blocked_until = models.DateTimeField(null=True, blank=True,
+                                         help_text="A handler said wait (RateLimited).")
+    admitted = models.BigIntegerField(default=0, help_text="Jobs started under it.")
+    throttled = models.BigIntegerField(default=0, help_text="Times it held a due job back.")
+    used_at = models.DateTimeField(help_text="Its last admission.")
+
+    class Meta:
+        db_table = "jobs_engine_limit_bucket"
+        constraints = [models.UniqueConstraint(fields=["target", "name", "key"],
+                                               name="jobs_limit_bucket_key")]
+        indexes = [models.Index(fields=["used_at"], name="jobs_limit_bucket_used")]
+
+    def __str__(self) -> str:
+        return f"{self.target} {self.name}[{self.key or '*'}]"
+
+
+class LimitOverride(models.Model):
+    """An operator's value for a declared limit, in force from the next admission until
+    removed: every worker reads it with the buckets, so no deploy is needed."""
+
+    target = models.CharField(max_length=200)
+    name = models.CharField(max_length=60)
+    slots = models.IntegerField(null=True, blank=True, help_text="Concurrency: slots.")
+    starts = models.IntegerField(null=True, blank=True, help_text="Rate: starts a period.")
+    period_s = models.FloatField(null=True, blank=True, help_text="Rate: the period.")
+    burst = models.IntegerField(null=True, blank=True, help_text="Rate: the burst.")
+    updated_at = models.DateTimeField()
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        db_table = "jobs_engine_limit_override"
+        constraints = [models.UniqueConstraint(fields=["target", "name"],
+                                               name="jobs_limit_override_one")]
+
+    def __str__(self) -> str:
+        return f"{self.target} {self.name} (overridden)"
+
+
+class TenantWeight(models.Model):
+    """A tenant's weight in the long lane's fair shares (default 1): a tenant of weight 3
+    gets three rows of a reserve for each row of a tenant of weight 1, while both wait."""
+
+    tenant_id = models.CharField(max_length=200, primary_key=True)
+    weight = models.IntegerField(default=1)
+    updated_at = models.DateTimeField()
+    updated_by = models.CharField(max_length=150, blank=True, default="")
+
+    class Meta:
+        db_table = "jobs_engine_tenant_weight"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: weight {self.weight}"
 
 
 class VersionCounter(models.Model):

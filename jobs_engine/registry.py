@@ -11,8 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from jobs_engine.errors import DuplicateTarget, InvalidJob, InvalidPolicy, UnknownTarget
+from jobs_engine.errors import (
+    DuplicateTarget,
+    InvalidJob,
+    InvalidLimit,
+    InvalidPolicy,
+    UnknownTarget,
+)
 from jobs_engine.job import Job
+from jobs_engine.limits import NO_LIMITS, Limit, TargetLimits, target_limits
 from jobs_engine.policies import DEFAULT_POLICY, JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
 
@@ -41,6 +48,7 @@ class Target:
     # Fast lane: rows of this target read in one poll, and so handed in one send when
     # sends take the whole poll (a batch handler, at-least-once). None: JOBS FAST_BATCH.
     batch_size: int | None = None
+    limits: TargetLimits = NO_LIMITS  # concurrency and rate limits (``jobs_engine.limits``)
     extra: dict[str, Any] = field(default_factory=dict)  # free for the target's owner
 
 
@@ -55,6 +63,9 @@ class LaneTargets(NamedTuple):
     targets: tuple[Target, ...]
     names: tuple[str, ...]
     exclusive_names: tuple[str, ...]
+    # Targets with limits: reserved by the admission (``store.limits``), not with the others.
+    limited: tuple[Target, ...] = ()
+    free_names: tuple[str, ...] = ()  # ``names`` less the limited ones
 
 
 def register_target(
@@ -68,11 +79,14 @@ def register_target(
     policy: JobPolicy | None = None,
     batch_handler: BatchHandler | None = None,
     batch_size: int | None = None,
+    limits: Sequence[Limit] | Limit | None = None,
 ) -> Target:
     """Register a target; every check runs before the registry changes.
 
     ``policy`` (a ``JobPolicy``; ``DEFAULT_POLICY`` when omitted) is the one way to set a
-    target's retries and how many of its jobs are kept.
+    target's retries and how many of its jobs are kept. ``limits`` (``Concurrency``,
+    ``Rate``): how many of its jobs run at once and how often they start, across every
+    worker (``jobs_engine.limits``).
     """
     if not isinstance(name, str) or not name.strip():
         raise InvalidJob("name", "must be a non-empty string")
@@ -101,10 +115,17 @@ def register_target(
             raise InvalidJob(flag, f"must be True or False, got {value!r}")
     if policy is not None and not isinstance(policy, JobPolicy):
         raise InvalidPolicy("policy", f"must be a JobPolicy, got {type(policy).__name__}")
+    checked_limits = target_limits(name, limits)
+    if checked_limits and exclusive:
+        raise InvalidLimit("limits", f"{name} is exclusive and has limits: declare "
+                                     "Concurrency(1, per=PER_CODE) among its limits instead")
+    if checked_limits and lossy:
+        raise InvalidLimit("limits", f"{name} is lossy: its jobs are never stored, so no "
+                                     "worker admits them")
     target = Target(
         name=name, handler=handler, lane=lane, delivery_mode=delivery_mode, lossy=lossy,
         exclusive=exclusive, policy=policy or DEFAULT_POLICY, batch_handler=batch_handler,
-        batch_size=batch_size,
+        batch_size=batch_size, limits=checked_limits,
     )
     with _lock:
         if name in _targets:
@@ -151,7 +172,9 @@ def lane_names(lane: Lane) -> LaneTargets:
                 key=lambda t: t.name))
             found = _of_lane[lane] = LaneTargets(
                 targets, tuple(t.name for t in targets),
-                tuple(t.name for t in targets if t.exclusive))
+                tuple(t.name for t in targets if t.exclusive),
+                tuple(t for t in targets if t.limits),
+                tuple(t.name for t in targets if not t.limits))
         return found
 
 

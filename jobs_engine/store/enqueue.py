@@ -100,6 +100,7 @@ class NewJob(NamedTuple):
     # False when enqueue made the dedupe key (``random_keys``): no stored row can have it.
     dedupe_key_given: bool = True
     tenant_id: str | None = None  # None: the platform's own
+    limit_key: str | None = None  # its key under its target's limits; None: no limits
 
 
 def _fields(columns: Sequence[str]) -> tuple[str, ...]:
@@ -206,10 +207,10 @@ def _insert_sql(keyed: bool, arbiter: bool) -> str:
         "v AS (SELECT u.*, COALESCE(u.run_at, %(now)s) AS due FROM u) "
         f"INSERT INTO {JOBS} (code, target, lane, key, partition, version, payload, headers, "
         "dedupe_key, status, delivery_mode, attempts, next_run_at, last_error, trace_id, actor, "
-        "priority, tenant_id, created_at, updated_at) "
+        "priority, tenant_id, limit_key, created_at, updated_at) "
         "SELECT code, target, lane, key, partition, version, payload, headers, dedupe_key, "
         f"'{ENQUEUE.target}', delivery_mode, 0, {next_run_at}, '', trace_id, actor, priority, "
-        "tenant_id, %(now)s, %(now)s FROM v WHERE true "
+        "tenant_id, limit_key, %(now)s, %(now)s FROM v WHERE true "
         + ("ON CONFLICT (dedupe_key) DO NOTHING " if arbiter else "") + "RETURNING id, dedupe_key")
 
 

@@ -152,6 +152,9 @@ _STARTED_AT = (f"CASE WHEN %(start)s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
                f"WHERE p.target = {JOBS}.target) THEN %(now)s END")
 _RESERVED_COLUMNS = (f"{', '.join(f'{JOBS}.{c}' for c in JOB_COLUMNS)}, {JOBS}.priority, "
                      f"{JOBS}.next_run_at, {JOBS}.started_at, {JOBS}.tries")
+# Where a reserved row's values after a Job's are (the reserve's count of locked rows last).
+_PRIORITY_COLUMN, _RUN_AT_COLUMN, _STARTED_AT_COLUMN, _TRIES_COLUMN, _LOCKED_COLUMN = (
+    range(len(JOB_COLUMNS), len(JOB_COLUMNS) + 5))
 # The four ranges of a reserve from a cursor, in the index's order, with their tests.
 _RANGES = {"above": "j.priority > %(priority)s",
            "band": "j.priority = %(priority)s AND j.next_run_at > %(band_from)s "
@@ -261,8 +264,9 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         "lease_until": dt(now + timedelta(seconds=lease_s))}
 
     def reserved(row: Sequence[Any]) -> Reserved:
-        started = row[17] is not None
-        return Reserved(job_from_row(row), (read_json(row[18]) or []) if started else None)
+        started = row[_STARTED_AT_COLUMN] is not None
+        return Reserved(job_from_row(row),
+                        (read_json(row[_TRIES_COLUMN]) or []) if started else None)
 
     if writable_ctes():
         # Inside a caller's transaction a savepoint keeps a refused statement from aborting
@@ -280,13 +284,14 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         except IntegrityError:
             pass  # a code another worker claimed meanwhile: one code at a time below
         else:
-            rows.sort(key=lambda row: (-row[15], row[16], row[0]))
+            rows.sort(key=lambda row: (-row[_PRIORITY_COLUMN], row[_RUN_AT_COLUMN], row[0]))
             got = ReservedRows(reserved(row) for row in rows)
-            if len(rows) == limit and rows[-1][19] == limit:
+            if len(rows) == limit and rows[-1][_LOCKED_COLUMN] == limit:
                 # Every row it locked was taken, as many as it may: the next reserve starts
                 # after the last.
                 last = rows[-1]
-                got.cursor = LongCursor(last[15], last[16] - CURSOR_LAG, last[16], last[0])
+                got.cursor = LongCursor(last[_PRIORITY_COLUMN], last[_RUN_AT_COLUMN] - CURSOR_LAG,
+                                        last[_RUN_AT_COLUMN], last[0])
             return got
     order: dict[int, int] = {}
     found: list[Reserved] = []

@@ -133,17 +133,18 @@ FLOW_STEP_KEY_PREFIX = "flow-step:"
 # What a lane reads of a row, in the order of ``Job``'s fields.
 JOB_COLUMNS = ("id", "target", "code", "key", "version", "payload", "headers", "attempts",
                 "trace_id", "dedupe_key", "actor", "created_at", "partition", "delivery_mode",
-                "tenant_id")
+                "tenant_id", "limit_key")
 JOB_COLUMNS_SQL = ", ".join(JOB_COLUMNS)
 
 
 def job_from_row(row: Sequence[Any]) -> Job:
     """A row of ``JOB_COLUMNS`` (positional: this runs for every row a lane reads)."""
     (job_id, target, code, key, version, payload, headers, attempts, trace_id, dedupe_key,
-     actor, created_at, partition, delivery_mode, tenant_id) = row[:15]
+     actor, created_at, partition, delivery_mode, tenant_id, limit_key) = row[:16]
     return Job(job_id, target, code, key, version, payload,
                read_json(headers) if headers != "{}" else {}, attempts, trace_id, dedupe_key,
-               read_json(actor), read_dt(created_at), partition, delivery_mode, tenant_id)
+               read_json(actor), read_dt(created_at), partition, delivery_mode, tenant_id,
+               limit_key)
 
 
 def cut_error(text: str) -> str:

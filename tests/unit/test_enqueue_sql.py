@@ -83,15 +83,16 @@ def test_the_rows_columns_are_numbered_in_order_and_each_is_stored() -> None:
     (``ROW_COLUMNS``): each is a column of the job table but the run time, which the
     insert stores as the due time."""
     columns = functions.ROW_COLUMNS
-    assert len(columns) == 15 and len(set(columns)) == 15
+    assert len(columns) == 16 and len(set(columns)) == 16
     assert set(columns) - {field.attname for field in Job._meta.concrete_fields} == {"run_at"}
     row = enqueue.NewJob("c", "t", "fast", "k", 3, 4, "{}", {"h": 1}, "d", "at_most_once",
-                         "tr", {"a": 1}, None, 5, True, "acme")
+                         "tr", {"a": 1}, None, 5, True, "acme", "customer-7")
     values = dict(zip(columns, enqueue._row_values(row), strict=True))
     assert values == {"code": "c", "target": "t", "lane": "fast", "key": "k", "partition": 3,
                       "version": 4, "payload": "{}", "headers": {"h": 1}, "dedupe_key": "d",
                       "delivery_mode": "at_most_once", "run_at": None, "trace_id": "tr",
-                      "actor": {"a": 1}, "priority": 5, "tenant_id": "acme"}
+                      "actor": {"a": 1}, "priority": 5, "tenant_id": "acme",
+                      "limit_key": "customer-7"}
 
 
 def test_lines_that_number_the_values_otherwise_are_refused() -> None:

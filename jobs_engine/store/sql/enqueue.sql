@@ -36,7 +36,8 @@ CREATE SEQUENCE IF NOT EXISTS jobs_engine_enqueues_fast;
 CREATE OR REPLACE FUNCTION jobs_engine_new_rows(rows jsonb)
 RETURNS TABLE (code text, target text, lane text, key text, partition smallint,
     version bigint, payload jsonb, headers jsonb, dedupe_key text, delivery_mode text,
-    next_run_at timestamptz, trace_id text, actor jsonb, priority smallint, tenant_id text)
+    next_run_at timestamptz, trace_id text, actor jsonb, priority smallint, tenant_id text,
+    limit_key text)
 LANGUAGE sql STABLE AS $$
 SELECT r.code, r.target, r.lane, r.key, r.partition, r.version, r.payload, r.headers,
     r.dedupe_key, r.delivery_mode,
@@ -44,7 +45,7 @@ SELECT r.code, r.target, r.lane, r.key, r.partition, r.version, r.payload, r.hea
         (SELECT h.next_run_at FROM jobs_engine_job h WHERE h.status = 'PENDING'
          AND h.partition = r.partition AND h.target = r.target AND h.key = r.key
          ORDER BY h.version, h.id LIMIT 1), r.due)) END,
-    r.trace_id, r.actor, r.priority, r.tenant_id
+    r.trace_id, r.actor, r.priority, r.tenant_id, r.limit_key
 FROM (SELECT u.*, COALESCE(u.run_at, now()) AS due
       FROM (SELECT
                 e->>0 AS code,
@@ -61,7 +62,8 @@ FROM (SELECT u.*, COALESCE(u.run_at, now()) AS due
                 e->>11 AS trace_id,
                 (e->>12)::jsonb AS actor,
                 (e->>13)::smallint AS priority,
-                e->>14 AS tenant_id
+                e->>14 AS tenant_id,
+                e->>15 AS limit_key
             FROM jsonb_array_elements(rows) AS e) AS u) AS r
 $$;
 
@@ -85,10 +87,11 @@ BEGIN
         RETURN QUERY WITH inserted AS (
             INSERT INTO jobs_engine_job AS j (code, target, lane, key, partition, version,
                 payload, headers, dedupe_key, status, delivery_mode, attempts, next_run_at,
-                last_error, trace_id, actor, priority, tenant_id, created_at, updated_at)
+                last_error, trace_id, actor, priority, tenant_id, limit_key, created_at,
+                updated_at)
             SELECT r.code, r.target, r.lane, r.key, r.partition, r.version, r.payload,
                 r.headers, r.dedupe_key, 'PENDING', r.delivery_mode, 0, r.next_run_at, '',
-                r.trace_id, r.actor, r.priority, r.tenant_id, now(), now()
+                r.trace_id, r.actor, r.priority, r.tenant_id, r.limit_key, now(), now()
             FROM jobs_engine_new_rows(rows) AS r
             ON CONFLICT (dedupe_key) DO NOTHING
             RETURNING j.id, j.dedupe_key)
@@ -97,10 +100,11 @@ BEGIN
         RETURN QUERY WITH inserted AS (
             INSERT INTO jobs_engine_job AS j (code, target, lane, key, partition, version,
                 payload, headers, dedupe_key, status, delivery_mode, attempts, next_run_at,
-                last_error, trace_id, actor, priority, tenant_id, created_at, updated_at)
+                last_error, trace_id, actor, priority, tenant_id, limit_key, created_at,
+                updated_at)
             SELECT r.code, r.target, r.lane, r.key, r.partition, r.version, r.payload,
                 r.headers, r.dedupe_key, 'PENDING', r.delivery_mode, 0, r.next_run_at, '',
-                r.trace_id, r.actor, r.priority, r.tenant_id, now(), now()
+                r.trace_id, r.actor, r.priority, r.tenant_id, r.limit_key, now(), now()
             FROM jobs_engine_new_rows(rows) AS r
             RETURNING j.id, j.dedupe_key)
         SELECT inserted.id, inserted.dedupe_key::text FROM inserted;
