@@ -19,7 +19,7 @@ from jobs_engine.errors import (
     UnknownTarget,
 )
 from jobs_engine.job import Job
-from jobs_engine.limits import NO_LIMITS, Limit, TargetLimits, target_limits
+from jobs_engine.limits import NO_LIMITS, Concurrency, Limit, TargetLimits, target_limits
 from jobs_engine.policies import DEFAULT_POLICY, JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
 
@@ -119,6 +119,10 @@ def register_target(
     if checked_limits and exclusive:
         raise InvalidLimit("limits", f"{name} is exclusive and has limits: declare "
                                      "Concurrency(1, per=PER_CODE) among its limits instead")
+    if lane is Lane.FAST and any(isinstance(limit, Concurrency) for limit in checked_limits.limits):
+        raise InvalidLimit("limits", f"{name} runs on the fast lane, which sends each "
+                                     "partition's rows in turn: limit its starts with Rate, "
+                                     "or run it on the long lane to cap its running jobs")
     if checked_limits and lossy:
         raise InvalidLimit("limits", f"{name} is lossy: its jobs are never stored, so no "
                                      "worker admits them")

@@ -161,7 +161,8 @@ class Reads:
         last row next time. Any other target keeps its cursor: its read began there, and
         what it did not hand (a later version of a key, not a head; a pause) lies after
         it."""
-        written = {r.job.id for r in results if r.outcome.kind is not OutcomeKind.PAUSED}
+        written = {r.job.id for r in results
+                   if r.outcome.kind not in (OutcomeKind.PAUSED, OutcomeKind.THROTTLED)}
         read = Counter(job.target for job in poll.jobs)
         unhanded = {job.target for job in poll.jobs if job.id not in written}
         for target, (at, last_id) in poll.last_read.items():
@@ -193,6 +194,7 @@ class FastLane:
         self._time = DatabaseTime(store.db_now, monotonic)
         self.reads = Reads(settings.POLL_S, monotonic)
         self._limits_of: tuple[tuple[Target, ...], dict[str, int], frozenset[str]] | None = None
+        self._limited_of: tuple[tuple[Target, ...], dict[str, Target]] | None = None
         # Polls whose outcomes a database fault kept from being written, by token (the main
         # thread writes them; the heartbeat thread reads the tokens).
         self._unwritten: dict[str, Unwritten] = {}
@@ -236,7 +238,12 @@ class FastLane:
                     else store.FastPoll([]))
             jobs, _, poll_out.probes = self.pauses.probe_rows(
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
+            limited = self._limited(lane_targets(Lane.FAST))
+            if limited and jobs:  # rows their limits hold back stay PENDING, in their place
+                jobs = store.limits_admit_fast(jobs, limited, now)
             if not jobs:  # unsent rows stay PENDING
+                if poll.marked:  # rows the read marked that limits held back: unmarked
+                    self._write(poll_out, clock())
                 return 0
             partitions = {job.partition for job in jobs}
             self.leases.busy |= partitions
@@ -260,6 +267,12 @@ class FastLane:
                                       for t in fast},
                                frozenset(t.name for t in fast if not takes_whole_poll(t)))
         return self._limits_of[1], self._limits_of[2]
+
+    def _limited(self, fast: tuple[Target, ...]) -> dict[str, Target]:
+        """The targets with limits, by name: made again only when the targets change."""
+        if self._limited_of is None or self._limited_of[0] is not fast:
+            self._limited_of = (fast, {t.name: t for t in fast if t.limits})
+        return self._limited_of[1]
 
     @staticmethod
     def _backlog_heads(held: list[int], now: datetime, limits: dict[str, int],
@@ -419,8 +432,8 @@ class FastLane:
                 error = answers[-1].error  # the clock is read for a failure's retry time only
                 verdicts.append(Outcome.ok() if error is None
                                 else judge(job, target, error, clock()))
-                if verdicts[-1].pause_target:
-                    break  # the target is down: the rest of this send is not handed
+                if verdicts[-1].pause_target or verdicts[-1].kind is OutcomeKind.THROTTLED:
+                    break  # the target is down or said wait: the rest of the send waits
             return self._results(handed, answers, verdicts, started)
         now = clock()
         return self._results(handed, answers, [judge(job, target, answer.error, now)

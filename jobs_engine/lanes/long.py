@@ -225,9 +225,9 @@ class LongLane:
         mine = lane_names(Lane.LONG)
         # One statement reserves and starts the rows, skipping paused targets (no separate
         # read of the pauses); rows of a target whose pause ran out come back unstarted.
-        reserved = store.jobs_long_reserve(
+        reserved = store.ReservedRows() if not mine.free_names else store.jobs_long_reserve(
             self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
-            exclusive_targets=mine.exclusive_names, targets=mine.names, start=True,
+            exclusive_targets=mine.exclusive_names, targets=mine.free_names, start=True,
             at_most_once_limit=free.at_most_once,
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
             after=self._reserve_from(woken), likely=self._likely(),
@@ -236,6 +236,15 @@ class LongLane:
         until = self._monotonic() + LIKELY_S
         self._reserved_lately.update((r.job.target, until) for r in reserved)
         self._next_due_at = None
+        admitted_wait_s = None
+        if mine.limited:  # their own admission, in the slots the others left
+            left = Slots(free.rows - len(reserved), free.at_most_once - sum(
+                r.job.delivery_mode == _AT_MOST_ONCE for r in reserved))
+            admitted = store.jobs_long_reserve_limited(
+                self.worker_id, token, now, self.settings.LONG_LEASE_S, left.rows,
+                targets=mine.limited, start=True, at_most_once_limit=left.at_most_once)
+            reserved.extend(admitted.rows)
+            admitted_wait_s = admitted.wait_s
         if reserved:
             self._at_most_once_share = sum(r.job.delivery_mode == _AT_MOST_ONCE
                                            for r in reserved) / len(reserved)
@@ -243,6 +252,10 @@ class LongLane:
             next_due = store.jobs_long_next_due(mine.names, now)
             if next_due is not None:
                 self._next_due_at = self._monotonic() + (next_due - now).total_seconds()
+        if admitted_wait_s is not None:  # a held-back key's next token or block's end
+            at = self._monotonic() + admitted_wait_s
+            self._next_due_at = at if self._next_due_at is None else min(at, self._next_due_at)
+        if not reserved:
             return 0
         started_at = now  # what the reserve wrote
         ready = [(r.job, r.earlier_tries) for r in reserved if r.earlier_tries is not None]

@@ -27,10 +27,16 @@ from django.utils import timezone
 
 from jobs_engine import flows, store
 from jobs_engine.conf import JobsSettings
-from jobs_engine.errors import DeadNow, TargetOutcomeUnknown, TargetUnreachable
+from jobs_engine.errors import (
+    DeadNow,
+    RateLimited,
+    TargetOutcomeUnknown,
+    TargetUnreachable,
+    UnknownTarget,
+)
 from jobs_engine.job import Job
 from jobs_engine.lanes.outage import is_database_fault
-from jobs_engine.registry import Target, policy_for
+from jobs_engine.registry import Target, get_target, policy_for
 from jobs_engine.signals import announce_dead, log_run
 from jobs_engine.states import DeliveryMode, Lane
 from jobs_engine.text import clean
@@ -42,6 +48,7 @@ class OutcomeKind(StrEnum):
     OK = "ok"  # the handler returned
     RETRIED = "retried"  # an answered failure: run again later, one attempt spent
     PAUSED = "paused"  # the target could not be reached: the target pauses, no attempt spent
+    THROTTLED = "throttled"  # the downstream said wait (RateLimited): no attempt spent
     DEAD = "dead"  # will not run again on its own
 
 
@@ -64,6 +71,12 @@ class Outcome:
     @classmethod
     def paused(cls, error: str) -> Outcome:
         return cls(OutcomeKind.PAUSED, error, pause_target=True)
+
+    @classmethod
+    def throttled(cls, run_at: datetime, error: str) -> Outcome:
+        """Its key takes no start until ``run_at`` (``RateLimited``); the row keeps its place
+        and its attempts."""
+        return cls(OutcomeKind.THROTTLED, error, run_at=run_at)
 
     @classmethod
     def dead(cls, error: str, *, pause_target: bool = False, spend_attempt: bool = False
@@ -98,6 +111,8 @@ def judge(job: Job, target: Target | None, exc: BaseException | None, now: datet
         return Outcome.paused(error)
     if isinstance(exc, TargetUnreachable):
         return Outcome.paused(error)
+    if isinstance(exc, RateLimited):
+        return Outcome.throttled(now + timedelta(seconds=exc.retry_after_s), error)
     policy, tries = target.policy, job.attempts + 1
     if tries >= policy.attempts:
         return Outcome.dead(f"{error} (attempt {tries} of {policy.attempts})",
@@ -239,6 +254,8 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
                 store.jobs_hold_key_until(job, outcome.run_at)
         elif kind is OutcomeKind.PAUSED:
             ok = store.job_release_unchanged(guard, job.id, job.attempts, outcome.error, now)
+        elif kind is OutcomeKind.THROTTLED:
+            ok = _throttle(guard, job, outcome, now)
         else:
             ok = store.job_close_dead(guard, job.id, job.attempts, outcome.error, now,
                                       spend_attempt=outcome.spend_attempt,
@@ -263,6 +280,25 @@ def write(guard: store.Guard, results: Sequence[RunResult], now: datetime,
     if clear_marks:  # the poll's end: its marks go with its outcomes
         store.inflight_clear(guard.token)
     return written
+
+
+def _throttle(guard: store.Guard, job: Job, outcome: Outcome, now: datetime) -> bool:
+    """``RateLimited``: the row goes back as it was (its place, its attempts); its key's
+    buckets take no start until ``outcome.run_at``. A target without limits has no
+    buckets: its row itself waits until then, its attempts unspent."""
+    assert job.id is not None and outcome.run_at is not None
+    try:
+        target: Target | None = get_target(job.target)
+    except UnknownTarget:
+        target = None
+    if target is not None and target.limits:
+        store.limits_block(target, job.limit_key, outcome.run_at, now)
+        return store.job_release_unchanged(guard, job.id, job.attempts, outcome.error, now)
+    ok = store.job_retry_later(guard, job.id, job.attempts, outcome.run_at, outcome.error, now,
+                               spend_attempt=False)
+    if ok and guard.lane is Lane.FAST and job.key is not None:
+        store.jobs_hold_key_until(job, outcome.run_at)
+    return ok
 
 
 def report(results: Sequence[RunResult], written: Sequence[RunResult], now: datetime) -> None:

@@ -3,6 +3,7 @@
 - ``enqueue``: rows inserted in the caller's transaction, and the wake-ups after its commit;
 - ``fast``: the fast lane's reads, marked in flight by the read;
 - ``long``: the long lane's reserve, start, renewal and rescue;
+- ``limits``: the admission of limited targets' rows, and their buckets;
 - ``outcomes``: every outcome write of both lanes, under the holder's guard;
 - ``flows``: the flows' bookkeeping;
 - ``leases``: who may act (worker liveness, partition leases, in-flight marks, pauses);
@@ -27,6 +28,8 @@ from jobs_engine.store.flows import *  # noqa: F403
 from jobs_engine.store.flows import __all__ as _flows
 from jobs_engine.store.leases import *  # noqa: F403
 from jobs_engine.store.leases import __all__ as _leases
+from jobs_engine.store.limits import *  # noqa: F403
+from jobs_engine.store.limits import __all__ as _limits
 from jobs_engine.store.long import *  # noqa: F403
 from jobs_engine.store.long import __all__ as _long
 from jobs_engine.store.outcomes import *  # noqa: F403
@@ -37,5 +40,5 @@ from jobs_engine.store.rows import *  # noqa: F403
 from jobs_engine.store.rows import __all__ as _rows
 
 __all__ = ["db_now", "is_postgres", "notifications_exist", "read_dt", "read_json",
-           "writable_ctes", *_rows, *_enqueue, *_fast, *_long, *_outcomes, *_flows,
+           "writable_ctes", *_rows, *_enqueue, *_fast, *_long, *_limits, *_outcomes, *_flows,
            *_planning, *_leases, *_control]

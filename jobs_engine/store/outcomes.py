@@ -251,14 +251,17 @@ def write_successes(guard: Guard, done: Sequence[Done], now: datetime, *, keep: 
 
 
 def job_retry_later(guard: Guard, job_id: int, attempts: int, run_at: datetime, error: str,
-                    now: datetime, try_json: str | None = None) -> bool:
-    """An answered failure: one more attempt spent, run again at ``run_at``.
+                    now: datetime, try_json: str | None = None, *,
+                    spend_attempt: bool = True) -> bool:
+    """An answered failure: one more attempt spent, run again at ``run_at``
+    (``spend_attempt=False``: a wait the downstream asked for, ``RateLimited``).
 
     Index: the primary key. ``try_json`` (long lane) is appended to the row's ``tries``."""
     where, where_params = guard.match([(job_id, attempts)])
     sets, set_params = guard.sets()
+    spent = " + 1" if spend_attempt else ""
     return execute(
-        f"UPDATE {JOBS} SET status = %(status)s, attempts = attempts + 1, "
+        f"UPDATE {JOBS} SET status = %(status)s, attempts = attempts{spent}, "
         "next_run_at = %(run_at)s, last_error = %(error)s, closed_at = NULL, "
         f"updated_at = %(now)s, tries = {_tries_after('%(tried)s')}, {sets} WHERE {where}",
         {"status": RETRIED[guard.lane].target, "run_at": dt(run_at), "error": cut_error(error),

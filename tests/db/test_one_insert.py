@@ -45,7 +45,7 @@ def stored_as(row: NewJob, next_run_at: Any = STAMP) -> dict[str, Any]:
         "claim_token": None, "lease_until": None, "started_at": None, "running_code": None,
         "outcome_token": None, "closed_at": None, "trace_id": row.trace_id, "actor": row.actor,
         "created_at": STAMP, "updated_at": STAMP, "priority": row.priority, "tries": None,
-        "tenant_id": row.tenant_id,
+        "tenant_id": row.tenant_id, "limit_key": row.limit_key,
         "payload IS NULL": False, "headers IS NULL": False,
         "actor IS NULL": row.actor is None, "tries IS NULL": True,
     }
@@ -110,6 +110,7 @@ def test_the_insert_stores_the_same_rows_on_postgresql_and_sqlite() -> None:
             partition=63, version=2**40, payload_json='{"s":"q\\"\\\\😀","f":1.5,"n":null}',
             headers={"h": ["v", 1, None], "ä": "😀"}, delivery_mode="at_least_once",
             trace_id="trace-ä", actor={"user": "ä", "id": 7}, priority=-7, tenant_id="acme",
+            limit_key="acct-ä😀",
             run_at=(now + timedelta(minutes=5)).astimezone(zone)),
         job("d:null", payload_json="null", headers={"h": 1}, priority=100),
         job("d:taken", payload_json='"second"'),

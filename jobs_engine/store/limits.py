@@ -1,0 +1,488 @@
+"""The limits' statements: admission of limited targets' rows, RateLimited's block, and what
+operators see of the buckets (``jobs_engine.limits``).
+
+An admission runs in one transaction: it locks the buckets of the keys it may admit (in id
+order, so two workers never wait on each other in a circle), counts their running rows
+after the locks are granted (so it sees every admission that committed before), takes
+what the slots and tokens allow and writes the tokens back. Two workers admitting the
+same key take turns; workers admitting different keys do not meet. The slots are the
+rows themselves: a row that leaves RUNNING, by its outcome or by the lease rescue of a
+killed worker, frees its slot, so no slot leaks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
+
+from django.db import transaction
+
+from jobs_engine.job import Job
+from jobs_engine.limits import PER_TARGET, TARGET_KEY, Concurrency, Limit, Rate, key_of
+from jobs_engine.registry import Target
+from jobs_engine.store.connection import execute, fetch, is_postgres, named
+from jobs_engine.store.dialect import (
+    dt,
+    for_update,
+    in_,
+    int_array,
+    json_dt,
+    read_dt,
+    read_json,
+    skip_locked,
+    table,
+    text_array,
+)
+from jobs_engine.store.long import (
+    _NOT_PAUSED,
+    _RESERVED_COLUMNS,
+    _STARTED_AT,
+    _STARTED_AT_COLUMN,
+    _TRIES_COLUMN,
+    Reserved,
+    ReservedRows,
+)
+from jobs_engine.store.rows import (
+    JOBS,
+    PENDING_VALUE,
+    RESERVE,
+    RUNNING_VALUE,
+    job_from_row,
+)
+
+__all__ = [
+    "LIMIT_BUCKETS",
+    "LIMIT_OVERRIDES",
+    "Admitted",
+    "BucketState",
+    "jobs_long_reserve_limited",
+    "limits_admit_fast",
+    "limits_block",
+    "limits_state",
+]
+
+LIMIT_BUCKETS = "jobs_engine_limit_bucket"
+LIMIT_OVERRIDES = "jobs_engine_limit_override"
+# The keys with due rows one admission looks at: a reserve takes at most a lane's slots, and
+# a target with more waiting keys than this has its later ones looked at by later reserves.
+MAX_KEYS = 200
+
+
+class Admitted(NamedTuple):
+    """What a limited reserve took, and when the next admission could take more (seconds;
+    None: nothing held back, or only by slots another worker holds)."""
+
+    rows: ReservedRows
+    wait_s: float | None
+
+
+@dataclass
+class _Bucket:
+    """One locked bucket, with the limit's values in force (an override's, else declared)."""
+
+    id: int
+    limit: Limit
+    key: str
+    tokens: float
+    refilled_at: datetime | None
+    blocked_until: datetime | None
+    running: int = 0
+    taken: int = 0
+    throttled: int = 0
+
+    def tokens_at(self, now: datetime) -> float:
+        """A rate bucket's tokens at ``now``: refilled since ``refilled_at``, never past
+        its burst (a bucket never used is full)."""
+        limit = self.limit
+        assert isinstance(limit, Rate)
+        burst = float(limit.burst or limit.starts)
+        if self.refilled_at is None:
+            return burst
+        elapsed = max(0.0, (now - self.refilled_at).total_seconds())
+        return min(burst, self.tokens + elapsed * limit.per_second)
+
+    def settled(self, now: datetime) -> tuple[float, datetime]:
+        """Its tokens once this admission's are taken, and the time they are counted from:
+        ``now``, or the end of a block still running (tokens come only after it)."""
+        if self.refilled_at is not None and self.refilled_at > now:
+            return self.tokens, self.refilled_at
+        tokens = self.tokens_at(now) if isinstance(self.limit, Rate) else 0.0
+        return tokens - self.taken, now
+
+    def room(self, now: datetime) -> int:
+        """Rows this bucket lets start now, beyond those taken in this admission."""
+        if self.blocked_until is not None and self.blocked_until > now:
+            return 0
+        if isinstance(self.limit, Concurrency):
+            return max(0, self.limit.slots - self.running - self.taken)
+        return max(0, math.floor(self.tokens_at(now) + 1e-9) - self.taken)
+
+    def wait_s(self, now: datetime) -> float | None:
+        """Seconds until this bucket lets a row start again by itself (a token comes, a
+        block ends); None for slots, which another worker's outcome frees."""
+        if self.blocked_until is not None and self.blocked_until > now:
+            return (self.blocked_until - now).total_seconds()
+        if isinstance(self.limit, Rate):
+            missing = self.taken + 1 - self.tokens_at(now)
+            return max(0.0, missing / self.limit.per_second)
+        return None
+
+
+def _effective(limit: Limit, override: Sequence[Any]) -> Limit:
+    """``limit`` with an operator's override (slots, starts, period_s, burst) in force."""
+    slots, starts, period_s, burst = override
+    if isinstance(limit, Concurrency):
+        return Concurrency(slots, limit.per, limit.name) if slots else limit
+    if starts is None and period_s is None and burst is None:
+        return limit
+    return Rate(starts or limit.starts, period_s or limit.period_s,
+                burst or limit.burst, limit.per, limit.name)
+
+
+def _lock_buckets(wanted: Iterable[tuple[Target, Limit, str]], now: datetime
+                  ) -> dict[tuple[str, str, str], _Bucket]:
+    """Make the missing buckets of ``wanted`` (target, limit, key), then lock them all in
+    id order, with their overrides; keyed by (target, limit name, key).
+
+    Index: ``jobs_limit_bucket_key``."""
+    wanted = sorted({(t.name, limit.name, key): (t, limit, key) for t, limit, key in wanted}
+                    .values(), key=lambda w: (w[0].name, w[1].name, w[2]))
+    rows = [(t.name, limit.name, key) for t, limit, key in wanted]
+    source, params = named(table(rows, ("text", "text", "text"), arrays_from=1, as_json=True),
+                           "keys")
+    # A new bucket is full: its tokens are read as its burst until it is first written.
+    execute(f"WITH v(target, name, key) AS ({source}) INSERT INTO {LIMIT_BUCKETS} (target, "
+            "name, key, tokens, admitted, throttled, used_at) SELECT target, name, key, 0, 0, "
+            "0, %(now)s FROM v WHERE true ON CONFLICT (target, name, key) DO NOTHING",
+            {**params, "now": dt(now)})
+    found = fetch(
+        f"WITH v(target, name, key) AS ({source}) "
+        f"SELECT b.id, b.target, b.name, b.key, b.tokens, b.refilled_at, b.blocked_until, "
+        f"o.slots, o.starts, o.period_s, o.burst FROM {LIMIT_BUCKETS} b "
+        f"JOIN v ON v.target = b.target AND v.name = b.name AND v.key = b.key "
+        f"LEFT JOIN {LIMIT_OVERRIDES} o ON o.target = b.target AND o.name = b.name "
+        f"ORDER BY b.id{for_update()}{' OF b' if for_update() else ''}", params)
+    limits = {(t.name, limit.name): limit for t, limit, _ in wanted}
+    return {(target, name, key): _Bucket(
+        bucket_id, _effective(limits[(target, name)], override), key, tokens,
+        read_dt(refilled_at), read_dt(blocked_until))
+        for bucket_id, target, name, key, tokens, refilled_at, blocked_until, *override
+        in found}
+
+
+def _running(targets: Sequence[str]) -> dict[tuple[str, str], int]:
+    """RUNNING rows per (target, limit key) of ``targets``.
+
+    Index: ``jobs_limited_running``."""
+    clause, params = named(in_("target", targets), "targets")
+    rows = fetch(f"SELECT target, limit_key, count(*) FROM {JOBS} WHERE status = %(running)s "
+                 f"AND limit_key IS NOT NULL AND {clause} GROUP BY target, limit_key",
+                 {"running": RUNNING_VALUE, **params})
+    return {(target, key): count for target, key, count in rows}
+
+
+def _write_buckets(buckets: Iterable[_Bucket], now: datetime) -> None:
+    """The tokens left, and the counts, of the buckets an admission used or held back by.
+
+    Index: the primary key."""
+    rows = [(b.id, *b.settled(now), b.taken, b.throttled)
+            for b in buckets if b.taken or b.throttled]
+    if not rows:
+        return
+    source, params = named(table(
+        [(bucket_id, tokens, json_dt(at), taken, held)
+         for bucket_id, tokens, at, taken, held in rows],
+        ("bigint", "float8", "timestamptz", "bigint", "bigint"), arrays_from=1, as_json=True),
+        "rows")
+    execute(f"WITH v(id, tokens, refilled_at, taken, held) AS ({source}) "
+            f"UPDATE {LIMIT_BUCKETS} SET tokens = v.tokens, refilled_at = v.refilled_at, "
+            "admitted = admitted + v.taken, throttled = throttled + v.held, "
+            f"used_at = %(now)s FROM v WHERE {LIMIT_BUCKETS}.id = v.id",
+            {**params, "now": dt(now)})
+
+
+class _Plan(NamedTuple):
+    takes: dict[tuple[str, str], int]  # (target, limit key) -> rows to take
+    buckets: dict[tuple[str, str, str], _Bucket]
+    wait_s: float | None
+
+
+def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now: datetime,
+          running: Mapping[tuple[str, str], int] | None) -> _Plan:
+    """Lock the buckets of ``keys`` (in their heads' run order) and share ``limit`` rows
+    among them as the slots and tokens allow. ``running``: None to count the running rows
+    after the locks (the long lane); the fast lane has none."""
+    wanted = [(target, lim, key_of(lim, key)) for target, key in keys
+              for lim in target.limits.limits]
+    buckets = _lock_buckets(wanted, now)
+    if running is None:
+        counted = (_running(sorted({t.name for t, _ in keys}))
+                   if any(isinstance(lim, Concurrency) for _, lim, _ in wanted) else {})
+        per_target: dict[str, int] = defaultdict(int)
+        for (target_name, _), count in counted.items():
+            per_target[target_name] += count
+        for (target_name, _name, key), bucket in buckets.items():
+            bucket.running = (per_target[target_name] if bucket.limit.per == PER_TARGET
+                              else counted.get((target_name, key), 0))
+    takes: dict[tuple[str, str], int] = {}
+    waits: list[float] = []
+    for target, key in keys:
+        mine = [buckets[(target.name, lim.name, key_of(lim, key))]
+                for lim in target.limits.limits]
+        room = min(bucket.room(now) for bucket in mine)
+        if target.delivery_mode._value_ == "at_most_once":
+            room = min(room, at_most_once)
+        take = min(room, limit)
+        if take <= 0:
+            if limit > 0:
+                for bucket in mine:
+                    if bucket.room(now) == 0:
+                        bucket.throttled += 1
+                        wait = bucket.wait_s(now)
+                        if wait is not None:
+                            waits.append(wait)
+            continue
+        takes[(target.name, key)] = take
+        limit -= take
+        if target.delivery_mode._value_ == "at_most_once":
+            at_most_once -= take
+        for bucket in mine:
+            bucket.taken += take
+    return _Plan(takes, buckets, min(waits) if waits else None)
+
+
+def _due_keys(targets: Sequence[str], now: datetime) -> list[tuple[str, str]]:
+    """The keys of ``targets`` with a due row not paused, in their first due row's run order
+    (at most ``MAX_KEYS``).
+
+    Index: ``jobs_limited_pending``, read as a skip scan: one probe per key waiting, at
+    any depth of the backlog."""
+    clause, params = named(in_("j.target", targets, arrays_from=1), "targets")
+    if is_postgres():
+        # A recursive skip scan over the index: each step the next (target, key) after the
+        # last, then each key's first due row.
+        found = fetch(
+            "WITH RECURSIVE keys(target, limit_key) AS ("
+            f"(SELECT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
+            f"AND j.limit_key IS NOT NULL AND {clause} ORDER BY j.target, j.limit_key LIMIT 1) "
+            "UNION ALL SELECT n.target, n.limit_key FROM keys k CROSS JOIN LATERAL ("
+            f"SELECT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
+            f"AND j.limit_key IS NOT NULL AND {clause} "
+            "AND (j.target, j.limit_key) > (k.target, k.limit_key) "
+            "ORDER BY j.target, j.limit_key LIMIT 1) AS n) "
+            "SELECT k.target, k.limit_key FROM keys k CROSS JOIN LATERAL ("
+            f"SELECT j.priority, j.next_run_at, j.id FROM {JOBS} j "
+            "WHERE j.status = %(pending)s AND j.limit_key = k.limit_key "
+            f"AND j.target = k.target AND j.next_run_at <= %(now)s AND {_NOT_PAUSED} "
+            "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT 1) AS h "
+            "ORDER BY h.priority DESC, h.next_run_at, h.id LIMIT %(keys)s",
+            {**params, "pending": PENDING_VALUE, "now": dt(now), "keys": MAX_KEYS},
+            prepare=True)
+    else:
+        found = fetch(
+            f"SELECT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
+            f"AND j.limit_key IS NOT NULL AND {clause} AND j.next_run_at <= %(now)s "
+            f"AND {_NOT_PAUSED} GROUP BY j.target, j.limit_key "
+            "ORDER BY -MAX(j.priority), MIN(j.next_run_at), MIN(j.id) LIMIT %(keys)s",
+            {**params, "pending": PENDING_VALUE, "now": dt(now), "keys": MAX_KEYS})
+    return [(target, key) for target, key in found]
+
+
+def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: float,
+                              limit: int, *, targets: Sequence[Target], start: bool = False,
+                              at_most_once_limit: int | None = None) -> Admitted:
+    """Claim up to ``limit`` due rows of the limited long-lane ``targets`` that their limits
+    admit now, under a lease, like ``jobs_long_reserve``.
+
+    Index: ``jobs_limited_pending`` (the keys, then each key's first rows),
+    ``jobs_limited_running`` (the slots in use), ``jobs_limit_bucket_key``.
+    A row not admitted is not touched: it keeps its place, its attempts and its
+    status. ``wait_s``: when a token or the end of a block lets the next admission take
+    more (the lane sleeps no longer than that, and no busy loop)."""
+    by_name = {t.name: t for t in targets}
+    keys = [(by_name[target], key) for target, key in _due_keys(sorted(by_name), now)]
+    if not keys or limit <= 0:
+        return Admitted(ReservedRows(), None)
+    at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
+    with transaction.atomic():
+        plan = _plan(keys, limit, at_most_once, now, None)
+        reserved = _take(plan.takes, owner, token, now, lease_s, start) if plan.takes else []
+        got: dict[tuple[str, str], int] = defaultdict(int)
+        for row in reserved:
+            got[(row.job.target, row.job.limit_key or TARGET_KEY)] += 1
+        for (target_name, key), take in plan.takes.items():
+            short = take - got[(target_name, key)]
+            if short:  # rows another worker locked meanwhile: their slots and tokens stay
+                for lim in by_name[target_name].limits.limits:
+                    plan.buckets[(target_name, lim.name, key_of(lim, key))].taken -= short
+        _write_buckets(plan.buckets.values(), now)
+    reserved.sort(key=lambda r: (r.job.target, r.job.id))
+    return Admitted(ReservedRows(reserved), plan.wait_s)
+
+
+def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: datetime,
+          lease_s: float, start: bool) -> list[Reserved]:
+    """Lock each key's first ``take`` due rows and claim them, in the admission's
+    transaction.
+
+    Index: ``jobs_limited_pending``; the primary key on the update."""
+    params: dict[str, Any] = {
+        "pending": PENDING_VALUE, "now": dt(now), "running": RESERVE.target, "token": token,
+        "owner": owner, "lease_until": dt(now + timedelta(seconds=lease_s)), "start": start}
+    first = (f"SELECT j.id FROM {JOBS} j WHERE j.status = %(pending)s "
+             "AND j.limit_key = {key} AND j.target = {target} AND j.next_run_at <= %(now)s "
+             f"AND {_NOT_PAUSED} ORDER BY j.priority DESC, j.next_run_at, j.id "
+             "LIMIT {take}" + skip_locked())
+    # The picked rows in a CTE, evaluated once: as ``id IN (...)`` the planner may run the
+    # subquery again for the rows it tests, and its LIMIT then bounds nothing.
+    update = ("WITH picked AS ({picked}) "
+              f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
+              "claimed_by = %(owner)s, lease_until = %(lease_until)s, "
+              f"started_at = {_STARTED_AT}, updated_at = %(now)s FROM picked "
+              f"WHERE {JOBS}.id = picked.id AND {JOBS}.status = %(pending)s "
+              f"RETURNING {_RESERVED_COLUMNS}")
+    if is_postgres():
+        wanted = ("SELECT * FROM unnest(%(targets)s::text[], %(keys)s::text[], "
+                  "%(takes)s::int[]) AS w(target, limit_key, take)")
+        picked = (f"SELECT p.id FROM ({wanted}) AS w CROSS JOIN LATERAL ("
+                  + first.format(key="w.limit_key", target="w.target", take="w.take")
+                  + ") AS p")
+        rows = fetch(update.format(picked=picked), {
+            **params, "targets": text_array([t for t, _ in takes]),
+            "keys": text_array([k for _, k in takes]),
+            "takes": int_array(list(takes.values()))})
+    else:
+        ids: list[int] = []
+        for (target_name, key), take in takes.items():
+            ids += [row[0] for row in fetch(
+                first.format(key="%(key)s", target="%(target)s", take="%(take)s"),
+                {**params, "key": key, "target": target_name, "take": take})]
+        if not ids:
+            return []
+        clause, id_params = named(in_("id", ids), "ids")
+        rows = fetch(update.format(picked=f"SELECT id FROM {JOBS} WHERE {clause}"),
+                     {**params, **id_params})
+    return [Reserved(job_from_row(row), (read_json(row[_TRIES_COLUMN]) or [])
+                     if row[_STARTED_AT_COLUMN] is not None else None) for row in rows]
+
+
+def limits_admit_fast(jobs: Sequence[Job], targets: Mapping[str, Target], now: datetime
+                      ) -> list[Job]:
+    """The fast lane's read rows that their targets' rate limits admit now; the others are
+    not sent and keep their place (a key's head held back holds its key's later rows).
+
+    Index: ``jobs_limit_bucket_key``. Rows of targets without limits pass untouched; the
+    tokens taken commit at once, before the sends."""
+    limited = [job for job in jobs if job.target in targets]
+    if not limited:
+        return list(jobs)
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for job in limited:
+        counts[(job.target, job.limit_key or TARGET_KEY)] += 1
+    keys = [(targets[target], key) for target, key in counts]
+    with transaction.atomic():
+        plan = _plan(keys, len(limited), len(limited), now, running={})
+        # Each key may take no more than it has read (the plan shares the rows in order).
+        takes = dict(plan.takes)
+        _write_buckets(plan.buckets.values(), now)
+    # A key's tokens go to its oldest rows first (ids grow with the enqueue), so no key's
+    # head waits behind rows that came later.
+    chosen: set[int | None] = set()
+    for job in sorted(limited, key=lambda job: job.id or 0):
+        key = (job.target, job.limit_key or TARGET_KEY)
+        if takes.get(key, 0) > 0:
+            takes[key] -= 1
+            chosen.add(job.id)
+    return [job for job in jobs if job.target not in targets or job.id in chosen]
+
+
+def limits_block(target: Target, limit_key: str | None, until: datetime, now: datetime
+                 ) -> None:
+    """A handler of ``target`` raised ``RateLimited``: each of its limits' buckets of the
+    row's key takes no start until ``until`` (its rate tokens emptied), counted as held
+    back once.
+
+    Index: ``jobs_limit_bucket_key``."""
+    rows = [(target.name, lim.name, key_of(lim, limit_key)) for lim in target.limits.limits]
+    if not rows:
+        return
+    source, params = named(table(rows, ("text", "text", "text"), arrays_from=1, as_json=True),
+                           "keys")
+    execute(f"WITH v(target, name, key) AS ({source}) INSERT INTO {LIMIT_BUCKETS} AS b "
+            "(target, name, key, tokens, refilled_at, blocked_until, admitted, throttled, "
+            "used_at) SELECT target, name, key, 0, %(until)s, %(until)s, 0, 1, %(now)s FROM v "
+            "WHERE true ON CONFLICT (target, name, key) DO UPDATE SET tokens = 0, "
+            "refilled_at = excluded.refilled_at, blocked_until = excluded.blocked_until, "
+            "throttled = b.throttled + 1", {**params, "now": dt(now), "until": dt(until)})
+
+
+@dataclass(frozen=True)
+class BucketState:
+    """One key of one limit as operators see it: the values in force (``limit``, an
+    override's when there is one), its running rows and tokens now, and its counts."""
+
+    target: str
+    limit: Limit
+    declared: Limit
+    key: str
+    running: int
+    tokens: float | None
+    blocked_until: datetime | None
+    admitted: int
+    throttled: int
+    used_at: datetime | None
+    overridden: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def limits_state(targets: Sequence[Target], now: datetime) -> list[BucketState]:
+    """Every bucket of ``targets``' limits, and a line for each limit that has none yet.
+
+    Index: ``jobs_limit_bucket_key``, ``jobs_limited_running``. Read without locks."""
+    names = sorted({t.name for t in targets if t.limits})
+    if not names:
+        return []
+    clause, params = named(in_("b.target", names, arrays_from=1), "targets")
+    buckets = fetch(f"SELECT b.target, b.name, b.key, b.tokens, b.refilled_at, "
+                    f"b.blocked_until, b.admitted, b.throttled, b.used_at "
+                    f"FROM {LIMIT_BUCKETS} b WHERE {clause} ORDER BY b.target, b.name, b.key",
+                    params)
+    o_clause, o_params = named(in_("target", names, arrays_from=1), "targets")
+    overrides = {(target, name): rest for target, name, *rest in fetch(
+        f"SELECT target, name, slots, starts, period_s, burst FROM {LIMIT_OVERRIDES} "
+        f"WHERE {o_clause}", o_params)}
+    counted = _running(names)
+    by_name = {t.name: t for t in targets}
+    states: list[BucketState] = []
+    seen: set[tuple[str, str]] = set()
+    for target_name, name, key, tokens, refilled_at, blocked_until, admitted, throttled, \
+            used_at in buckets:
+        target = by_name[target_name]
+        declared = target.limits.by_name.get(name)
+        if declared is None:
+            continue  # a limit a deploy removed
+        seen.add((target_name, name))
+        override = overrides.get((target_name, name))
+        limit = _effective(declared, override) if override else declared
+        bucket = _Bucket(0, limit, key, tokens, read_dt(refilled_at), read_dt(blocked_until))
+        running = (sum(c for (t, _), c in counted.items() if t == target_name)
+                   if limit.per == PER_TARGET else counted.get((target_name, key), 0))
+        states.append(BucketState(
+            target_name, limit, declared, key, running,
+            bucket.tokens_at(now) if isinstance(limit, Rate) else None,
+            bucket.blocked_until, admitted, throttled, read_dt(used_at), override is not None))
+    for name in names:
+        for declared in by_name[name].limits.limits:
+            if (name, declared.name) not in seen:
+                override = overrides.get((name, declared.name))
+                limit = _effective(declared, override) if override else declared
+                states.append(BucketState(
+                    name, limit, declared, TARGET_KEY,
+                    sum(c for (t, _), c in counted.items() if t == name),
+                    float(limit.burst or 0) if isinstance(limit, Rate) else None, None, 0, 0,
+                    None, override is not None))
+    return states

@@ -1,0 +1,182 @@
+"""Limits (jobs_engine.limits): declared beside the target, kept by the database's buckets,
+on both lanes. Lanes run with ``threads=False`` and explicit decision times."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from jobs_engine import store
+from jobs_engine.conf import load_settings
+from jobs_engine.enqueueing import enqueue, enqueue_many
+from jobs_engine.errors import InvalidJob, RateLimited
+from jobs_engine.job import Job
+from jobs_engine.lanes.long import LongLane
+from jobs_engine.lanes.pauses import PauseGate
+from jobs_engine.limits import PER_LIMIT_KEY, PER_TENANT, Concurrency, Rate, per_field
+from jobs_engine.models import Job as JobModel
+from jobs_engine.models import LimitBucket, LimitOverride
+from jobs_engine.registry import get_target
+from jobs_engine.states import JobStatus
+from tests.db.test_fast_lane import make_worker
+from tests.helpers import FakeMonotonic
+
+pytestmark = pytest.mark.django_db
+
+SETTINGS = load_settings({}, environ={})
+SECOND = timedelta(seconds=1)
+
+
+def long_worker(name: str = "L") -> LongLane:
+    worker_id = f"{name}-{uuid.uuid4().hex[:6]}"
+    return LongLane(worker_id, SETTINGS, PauseGate(worker_id, SETTINGS), threads=False,
+                    monotonic=FakeMonotonic())
+
+
+def reserve(target: str, now: datetime, limit: int = 10) -> store.Admitted:
+    return store.jobs_long_reserve_limited(f"w-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex, now,
+                                           300, limit, targets=[get_target(target)])
+
+
+def running(target: str) -> int:
+    return JobModel.objects.filter(target=target, status=JobStatus.RUNNING).count()
+
+
+def test_a_concurrency_limit_admits_its_slots_across_reserves_and_frees_them_with_outcomes(
+        targets: Any, now: datetime) -> None:
+    targets("lim.render", lane="long", limits=[Concurrency(2)])
+    enqueue_many([{"target": "lim.render", "payload": n} for n in range(6)])
+    first = reserve("lim.render", now)
+    assert len(first.rows) == 2 and first.wait_s is None  # slots: no token to wait for
+    assert len(reserve("lim.render", now).rows) == 0  # another worker: the slots are taken
+    assert running("lim.render") == 2
+    JobModel.objects.filter(id=first.rows[0].job.id or 0).delete()  # its outcome moved it
+    assert len(reserve("lim.render", now).rows) == 1
+    bucket = LimitBucket.objects.get(target="lim.render")
+    assert bucket.admitted == 3 and bucket.throttled == 1
+
+
+def test_a_limit_per_key_holds_each_key_apart_and_other_keys_flow(targets: Any,
+                                                                 now: datetime) -> None:
+    targets("lim.import", lane="long", limits=[Concurrency(1, per=per_field("account"))])
+    enqueue_many([{"target": "lim.import", "payload": {"account": "a", "n": n}}
+                  for n in range(50)] + [{"target": "lim.import", "payload": {"account": 7}}])
+    got = reserve("lim.import", now)
+    assert sorted(r.job.limit_key or "" for r in got.rows) == ["7", "a"]
+    assert [r.job.payload["n"] for r in got.rows if r.job.limit_key == "a"] == [0]
+
+
+def test_a_rate_limit_takes_its_burst_then_tells_when_the_next_token_comes(
+        targets: Any, now: datetime) -> None:
+    targets("lim.pay", lane="long", limits=[Rate(3, period_s=60)])
+    enqueue_many([{"target": "lim.pay", "payload": n} for n in range(10)])
+    assert len(reserve("lim.pay", now).rows) == 3
+    held = reserve("lim.pay", now)
+    assert held.rows == [] and held.wait_s == pytest.approx(20, abs=0.1)
+    assert len(reserve("lim.pay", now + 20 * SECOND).rows) == 1
+    assert len(reserve("lim.pay", now + 80 * SECOND).rows) == 3  # the burst, never more
+
+
+def test_an_operators_override_is_in_force_at_the_next_admission(targets: Any,
+                                                                   now: datetime) -> None:
+    targets("lim.over", lane="long", limits=[Concurrency(1)])
+    enqueue_many([{"target": "lim.over", "payload": n} for n in range(10)])
+    assert len(reserve("lim.over", now).rows) == 1
+    LimitOverride.objects.create(target="lim.over", name="concurrency", slots=4,
+                                 updated_at=now)
+    assert len(reserve("lim.over", now).rows) == 3
+
+
+def test_the_long_lane_runs_limited_and_free_targets_side_by_side(targets: Any,
+                                                                 now: datetime) -> None:
+    targets("lim.few", lane="long", limits=[Concurrency(1, per=PER_TENANT)])
+    targets("lim.free", lane="long")
+    enqueue_many([{"target": "lim.few", "payload": n, "tenant_id": t}
+                  for n in range(4) for t in ("acme", "globex")]
+                 + [{"target": "lim.free", "payload": n} for n in range(4)])
+    lane = long_worker()
+    assert lane.run_once(now) == 6  # 4 free rows, one a tenant of the limited target
+    assert len(get_target("lim.few").extra["calls"]) == 2
+
+
+def test_rate_limited_keeps_the_rows_place_and_attempts_and_blocks_its_key(
+        targets: Any, now: datetime) -> None:
+    def handler(job: Job) -> None:
+        raise RateLimited("429 from the provider", retry_after_s=30)
+
+    targets("lim.429", handler=handler, lane="long", limits=[Rate(100, period_s=1)])
+    job_id = enqueue("lim.429", None).job_id
+    assert job_id is not None
+    enqueue("lim.429", None)
+    lane = long_worker()
+    assert lane.run_once(now) == 2
+    rows = JobModel.objects.filter(target="lim.429")
+    assert {(r.status, r.attempts) for r in rows} == {(JobStatus.PENDING, 0)}
+    assert JobModel.objects.get(id=job_id).next_run_at < now  # its place in the run order
+    assert lane.run_once(now + 10 * SECOND) == 0
+    due_in = lane.due_in_s()
+    assert due_in is not None and 19 < due_in <= 20  # asleep until the block ends: no busy loop
+    assert lane.run_once(now + 31 * SECOND) == 2
+
+
+def test_rate_limited_without_limits_waits_itself_and_spends_no_attempt(
+        targets: Any, now: datetime) -> None:
+    def handler(job: Job) -> None:
+        raise RateLimited(retry_after_s=30)
+
+    targets("lim.429-free", handler=handler, lane="long")
+    job_id = enqueue("lim.429-free", None).job_id
+    assert job_id is not None
+    assert long_worker().run_once(now) == 1
+    row = JobModel.objects.get(id=job_id)
+    assert row.status == JobStatus.PENDING and row.attempts == 0
+    assert row.next_run_at == now + 30 * SECOND
+
+
+def test_the_fast_lane_sends_what_the_rate_admits_and_keeps_each_keys_order(
+        targets: Any, now: datetime) -> None:
+    targets("lim.events", limits=[Rate(2, period_s=60)])
+    enqueue_many([{"target": "lim.events", "payload": n, "key": f"k{n % 3}", "version": n}
+                  for n in range(9)])
+    lane = make_worker("F")
+    assert lane.run(now) == 2
+    assert lane.run(now) == 0
+    sent = [job.payload for job in get_target("lim.events").extra["calls"]]
+    assert sent == [0, 1]  # the heads of k0 and k1; k2's head keeps its place
+    assert lane.run(now + 30 * SECOND) == 1
+    assert [job.payload for job in get_target("lim.events").extra["calls"]] == [0, 1, 2]
+
+
+FIELD = [Concurrency(1, per=per_field("account"))]
+BY_KEY = [Concurrency(1, per=PER_LIMIT_KEY)]
+GOOD = {"payload": {"account": "a"}}
+
+
+@pytest.mark.parametrize(("limits", "good", "item", "field", "problem"), [
+    (FIELD, GOOD, {"payload": {"other": 1}}, "payload", "has no field 'account'"),
+    (FIELD, GOOD, {"payload": [1]}, "payload", "has no field 'account'"),
+    (FIELD, GOOD, {"payload": {"account": ["a"]}}, "payload.account",
+     "non-empty string or a whole number"),
+    (FIELD, GOOD, {"payload": {"account": True}}, "payload.account", "got bool"),
+    (FIELD, GOOD, {"payload": {"account": "x" * 201}}, "payload.account", "over 200"),
+    # The payload's own checks come first.
+    (FIELD, GOOD, {"payload": {"account": "a\x00"}}, "payload", "NUL"),
+    (FIELD, GOOD, {"payload": {"account": "a\ud800"}}, "payload", "surrogate"),
+    (BY_KEY, {"payload": 1, "limit_key": "k"}, {"payload": 1}, "limit_key", "is required"),
+    (BY_KEY, {"payload": 1, "limit_key": "k"}, {"payload": 1, "limit_key": 5}, "limit_key",
+     "non-empty string"),
+    ([], {"payload": 1}, {"payload": 1, "limit_key": "a"}, "limit_key",
+     "has no limit per limit_key"),
+])
+def test_a_bad_limit_key_is_refused_naming_it_and_nothing_is_written(
+        targets: Any, limits: list[Any], good: dict[str, Any], item: dict[str, Any],
+        field: str, problem: str) -> None:
+    targets("lim.bad", lane="long", limits=limits)
+    enqueue_many([{"target": "lim.bad", **good}])  # the good item alone is taken
+    with pytest.raises(InvalidJob, match=problem) as raised:
+        enqueue_many([{"target": "lim.bad", **good}, {"target": "lim.bad", **item}])
+    assert raised.value.field == field
+    assert JobModel.objects.filter(target="lim.bad").count() == 1
