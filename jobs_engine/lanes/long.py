@@ -217,34 +217,40 @@ class LongLane:
         free = self.free_slots()
         if woken:  # its plans may predate the rows it finds (``store.WOKEN_POLL_ROWS``)
             free = Slots(*(min(n, store.WOKEN_POLL_ROWS) for n in free))
-        limit = self._reserve_limit(free)
-        if limit <= 0:
+        if self._reserve_limit(free) <= 0:
             return 0
         token = uuid.uuid4().hex
         # Only targets registered here: another release's rows wait for its own workers.
         mine = lane_names(Lane.LONG)
+        self._next_due_at = None
+        admitted = store.Admitted(store.ReservedRows(), None)
+        if mine.limited:
+            # Limited targets first, each admitted by its limits; of rate-limited targets
+            # as many rows as threads are idle, so such a row starts now, where its token
+            # was taken, not after a queue (a slot is held by the row itself, queued or not).
+            with self._lock:
+                idle_threads = max(0, self.settings.LONG_BATCH - self._running)
+            admitted = store.jobs_long_reserve_limited(
+                self.worker_id, token, now, self.settings.LONG_LEASE_S, free.rows,
+                targets=mine.limited, start=True, at_most_once_limit=free.at_most_once,
+                rated_limit=idle_threads)
+            free = Slots(free.rows - len(admitted.rows), free.at_most_once - sum(
+                r.job.delivery_mode == _AT_MOST_ONCE for r in admitted.rows))
+        limit = self._reserve_limit(free)
         # One statement reserves and starts the rows, skipping paused targets (no separate
         # read of the pauses); rows of a target whose pause ran out come back unstarted.
-        reserved = store.ReservedRows() if not mine.free_names else store.jobs_long_reserve(
-            self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
-            exclusive_targets=mine.exclusive_names, targets=mine.free_names, start=True,
-            at_most_once_limit=free.at_most_once,
-            flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
-            after=self._reserve_from(woken), likely=self._likely(),
-        )
+        reserved = store.ReservedRows() if not mine.free_names or limit <= 0 else (
+            store.jobs_long_reserve(
+                self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
+                exclusive_targets=mine.exclusive_names, targets=mine.free_names, start=True,
+                at_most_once_limit=free.at_most_once,
+                flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
+                after=self._reserve_from(woken), likely=self._likely()))
         self._cursor = reserved.cursor or self._cursor
         until = self._monotonic() + LIKELY_S
         self._reserved_lately.update((r.job.target, until) for r in reserved)
-        self._next_due_at = None
-        admitted_wait_s = None
-        if mine.limited:  # their own admission, in the slots the others left
-            left = Slots(free.rows - len(reserved), free.at_most_once - sum(
-                r.job.delivery_mode == _AT_MOST_ONCE for r in reserved))
-            admitted = store.jobs_long_reserve_limited(
-                self.worker_id, token, now, self.settings.LONG_LEASE_S, left.rows,
-                targets=mine.limited, start=True, at_most_once_limit=left.at_most_once)
-            reserved.extend(admitted.rows)
-            admitted_wait_s = admitted.wait_s
+        reserved.extend(admitted.rows)  # not ``likely``: the free reserve never takes them
+        admitted_wait_s = admitted.wait_s
         if reserved:
             self._at_most_once_share = sum(r.job.delivery_mode == _AT_MOST_ONCE
                                            for r in reserved) / len(reserved)

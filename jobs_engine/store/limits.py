@@ -145,33 +145,48 @@ def _effective(limit: Limit, override: Sequence[Any]) -> Limit:
 
 def _lock_buckets(wanted: Iterable[tuple[Target, Limit, str]], now: datetime
                   ) -> dict[tuple[str, str, str], _Bucket]:
-    """Make the missing buckets of ``wanted`` (target, limit, key), then lock them all in
-    id order, with their overrides; keyed by (target, limit name, key).
+    """Lock the buckets of ``wanted`` (target, limit, key) in id order, with their
+    overrides, making the missing ones; keyed by (target, limit name, key).
 
     Index: ``jobs_limit_bucket_key``."""
     wanted = sorted({(t.name, limit.name, key): (t, limit, key) for t, limit, key in wanted}
                     .values(), key=lambda w: (w[0].name, w[1].name, w[2]))
     rows = [(t.name, limit.name, key) for t, limit, key in wanted]
-    source, params = named(table(rows, ("text", "text", "text"), arrays_from=1, as_json=True),
-                           "keys")
-    # A new bucket is full: its tokens are read as its burst until it is first written.
-    execute(f"WITH v(target, name, key) AS ({source}) INSERT INTO {LIMIT_BUCKETS} (target, "
-            "name, key, tokens, admitted, throttled, used_at) SELECT target, name, key, 0, 0, "
-            "0, %(now)s FROM v WHERE true ON CONFLICT (target, name, key) DO NOTHING",
-            {**params, "now": dt(now)})
-    found = fetch(
-        f"WITH v(target, name, key) AS ({source}) "
-        f"SELECT b.id, b.target, b.name, b.key, b.tokens, b.refilled_at, b.blocked_until, "
-        f"o.slots, o.starts, o.period_s, o.burst FROM {LIMIT_BUCKETS} b "
-        f"JOIN v ON v.target = b.target AND v.name = b.name AND v.key = b.key "
-        f"LEFT JOIN {LIMIT_OVERRIDES} o ON o.target = b.target AND o.name = b.name "
-        f"ORDER BY b.id{for_update()}{' OF b' if for_update() else ''}", params)
+    found = _locked(rows)
+    existing = {tuple(row[1:4]) for row in found}
+    missing = [row for row in rows if row not in existing]
+    if missing:
+        # A new bucket is full: its tokens are read as its burst until first written. Its
+        # id is above every bucket's locked so far: the id order of the locks holds.
+        source, params = named(table(missing, ("text", "text", "text"), arrays_from=1,
+                                     as_json=True), "keys")
+        execute(f"WITH v(target, name, key) AS ({source}) INSERT INTO {LIMIT_BUCKETS} "
+                "(target, name, key, tokens, admitted, throttled, used_at) SELECT target, "
+                "name, key, 0, 0, 0, %(now)s FROM v WHERE true "
+                "ON CONFLICT (target, name, key) DO NOTHING", {**params, "now": dt(now)})
+        found += _locked(missing)
     limits = {(t.name, limit.name): limit for t, limit, _ in wanted}
     return {(target, name, key): _Bucket(
         bucket_id, _effective(limits[(target, name)], override), key, tokens,
         read_dt(refilled_at), read_dt(blocked_until))
         for bucket_id, target, name, key, tokens, refilled_at, blocked_until, *override
         in found}
+
+
+def _locked(keys: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
+    """Lock the buckets of ``keys`` (target, limit name, key) that exist, in id order, and
+    read them with their overrides.
+
+    Index: ``jobs_limit_bucket_key``."""
+    source, params = named(table(keys, ("text", "text", "text"), arrays_from=1,
+                                 as_json=True), "keys")
+    return fetch(
+        f"WITH v(target, name, key) AS ({source}) "
+        "SELECT b.id, b.target, b.name, b.key, b.tokens, b.refilled_at, b.blocked_until, "
+        f"o.slots, o.starts, o.period_s, o.burst FROM {LIMIT_BUCKETS} b "
+        "JOIN v ON v.target = b.target AND v.name = b.name AND v.key = b.key "
+        f"LEFT JOIN {LIMIT_OVERRIDES} o ON o.target = b.target AND o.name = b.name "
+        f"ORDER BY b.id{for_update()}{' OF b' if for_update() else ''}", params)
 
 
 def _running(targets: Sequence[str]) -> dict[tuple[str, str], int]:
@@ -212,9 +227,10 @@ class _Plan(NamedTuple):
 
 
 def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now: datetime,
-          running: Mapping[tuple[str, str], int] | None) -> _Plan:
+          running: Mapping[tuple[str, str], int] | None, rated: int | None = None) -> _Plan:
     """Lock the buckets of ``keys`` (in their heads' run order) and share ``limit`` rows
-    among them as the slots and tokens allow. ``running``: None to count the running rows
+    among them as the slots and tokens allow, of which at most ``rated`` (None: no bound
+    of its own) of targets with a rate limit. ``running``: None to count the running rows
     after the locks (the long lane); the fast lane has none."""
     wanted = [(target, lim, key_of(lim, key)) for target, key in keys
               for lim in target.limits.limits]
@@ -236,6 +252,10 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
         room = min(bucket.room(now) for bucket in mine)
         if target.delivery_mode._value_ == "at_most_once":
             room = min(room, at_most_once)
+        has_rate = rated is not None and any(isinstance(b.limit, Rate) for b in mine)
+        if has_rate:
+            assert rated is not None
+            room = min(room, rated)
         take = min(room, limit)
         if take <= 0:
             if limit > 0:
@@ -250,6 +270,9 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
         limit -= take
         if target.delivery_mode._value_ == "at_most_once":
             at_most_once -= take
+        if has_rate:
+            assert rated is not None
+            rated -= take
         for bucket in mine:
             bucket.taken += take
     return _Plan(takes, buckets, min(waits) if waits else None)
@@ -294,9 +317,12 @@ def _due_keys(targets: Sequence[str], now: datetime) -> list[tuple[str, str]]:
 
 def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: float,
                               limit: int, *, targets: Sequence[Target], start: bool = False,
-                              at_most_once_limit: int | None = None) -> Admitted:
+                              at_most_once_limit: int | None = None,
+                              rated_limit: int | None = None) -> Admitted:
     """Claim up to ``limit`` due rows of the limited long-lane ``targets`` that their limits
-    admit now, under a lease, like ``jobs_long_reserve``.
+    admit now, under a lease, like ``jobs_long_reserve``; at most ``rated_limit`` of them
+    of targets with a rate limit (the lane's idle threads: a rate counts starts, and a row
+    queued behind busy threads would start later than its token was taken).
 
     Index: ``jobs_limited_pending`` (the keys, then each key's first rows),
     ``jobs_limited_running`` (the slots in use), ``jobs_limit_bucket_key``.
@@ -309,7 +335,7 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
         return Admitted(ReservedRows(), None)
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     with transaction.atomic():
-        plan = _plan(keys, limit, at_most_once, now, None)
+        plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
         reserved = _take(plan.takes, owner, token, now, lease_s, start) if plan.takes else []
         got: dict[tuple[str, str], int] = defaultdict(int)
         for row in reserved:
