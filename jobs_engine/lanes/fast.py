@@ -195,6 +195,7 @@ class FastLane:
         self.reads = Reads(settings.POLL_S, monotonic)
         self._limits_of: tuple[tuple[Target, ...], dict[str, int], frozenset[str]] | None = None
         self._limited_of: tuple[tuple[Target, ...], dict[str, Target]] | None = None
+        self._held_until: float | None = None  # monotonic: a held-back row's next token
         # Polls whose outcomes a database fault kept from being written, by token (the main
         # thread writes them; the heartbeat thread reads the tokens).
         self._unwritten: dict[str, Unwritten] = {}
@@ -213,6 +214,7 @@ class FastLane:
         leaves the clock's reading, the deep read and the backlog walk that fell due to
         the next poll: the woken row is sent first.
         """
+        self._held_until = None
         self.write_unwritten()
         held = self.leases.held()
         if not held:
@@ -240,7 +242,9 @@ class FastLane:
                 poll.jobs + walk.jobs, poll.probing | walk.probing, now)
             limited = self._limited(lane_targets(Lane.FAST))
             if limited and jobs:  # rows their limits hold back stay PENDING, in their place
-                jobs = store.limits_admit_fast(jobs, limited, now)
+                jobs, wait_s = store.limits_admit_fast(jobs, limited, now)
+                self._held_until = (None if wait_s is None
+                                    else self._monotonic() + wait_s)
             if not jobs:  # unsent rows stay PENDING
                 if poll.marked:  # rows the read marked that limits held back: unmarked
                     self._write(poll_out, clock())
@@ -267,6 +271,13 @@ class FastLane:
                                       for t in fast},
                                frozenset(t.name for t in fast if not takes_whole_poll(t)))
         return self._limits_of[1], self._limits_of[2]
+
+    def due_in_s(self) -> float | None:
+        """Seconds until a row its rate limit held back at the last poll gets a token: the
+        worker waits no longer (an idle worker's backoff would hold a limit's rate down)."""
+        if self._held_until is None:
+            return None
+        return max(0.0, self._held_until - self._monotonic())
 
     def _limited(self, fast: tuple[Target, ...]) -> dict[str, Target]:
         """The targets with limits, by name: made again only when the targets change."""

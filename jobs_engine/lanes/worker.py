@@ -345,8 +345,9 @@ class WorkerProcess:
                     faulted |= step.database_fault
                     handled_total += step.value
                     delays.append(next_poll_delay(step.value, idle, self.settings))
-                    if lane is Lane.LONG and self.long is not None:
-                        due_in = self.long.due_in_s()
+                    lane_runner = self.long if lane is Lane.LONG else self.fast
+                    if lane_runner is not None:
+                        due_in = lane_runner.due_in_s()
                         if due_in is not None:
                             delays.append(due_in)
             for service in self.services:

@@ -227,11 +227,13 @@ class _Plan(NamedTuple):
 
 
 def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now: datetime,
-          running: Mapping[tuple[str, str], int] | None, rated: int | None = None) -> _Plan:
+          running: Mapping[tuple[str, str], int] | None, rated: int | None = None,
+          wants: Mapping[tuple[str, str], int] | None = None) -> _Plan:
     """Lock the buckets of ``keys`` (in their heads' run order) and share ``limit`` rows
     among them as the slots and tokens allow, of which at most ``rated`` (None: no bound
     of its own) of targets with a rate limit. ``running``: None to count the running rows
-    after the locks (the long lane); the fast lane has none."""
+    after the locks (the long lane); the fast lane has none. ``wants``: the rows each key
+    has read (the fast lane); without it a key is held back only when it gets none."""
     wanted = [(target, lim, key_of(lim, key)) for target, key in keys
               for lim in target.limits.limits]
     buckets = _lock_buckets(wanted, now)
@@ -249,32 +251,28 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
     for target, key in keys:
         mine = [buckets[(target.name, lim.name, key_of(lim, key))]
                 for lim in target.limits.limits]
-        room = min(bucket.room(now) for bucket in mine)
-        if target.delivery_mode._value_ == "at_most_once":
-            room = min(room, at_most_once)
+        at_most_once_row = target.delivery_mode._value_ == "at_most_once"
         has_rate = rated is not None and any(isinstance(b.limit, Rate) for b in mine)
-        if has_rate:
-            assert rated is not None
-            room = min(room, rated)
-        take = min(room, limit)
-        if take <= 0:
-            if limit > 0:
-                for bucket in mine:
-                    if bucket.room(now) == 0:
-                        bucket.throttled += 1
-                        wait = bucket.wait_s(now)
-                        if wait is not None:
-                            waits.append(wait)
-            continue
-        takes[(target.name, key)] = take
-        limit -= take
-        if target.delivery_mode._value_ == "at_most_once":
-            at_most_once -= take
-        if has_rate:
-            assert rated is not None
-            rated -= take
-        for bucket in mine:
-            bucket.taken += take
+        wants_here = limit if wants is None else wants.get((target.name, key), 0)
+        take = min([bucket.room(now) for bucket in mine] + [limit, wants_here]
+                   + ([at_most_once] if at_most_once_row else [])
+                   + ([rated] if has_rate and rated is not None else []))
+        take = max(take, 0)
+        if take:
+            takes[(target.name, key)] = take
+            limit -= take
+            at_most_once -= take if at_most_once_row else 0
+            if has_rate and rated is not None:
+                rated -= take
+            for bucket in mine:
+                bucket.taken += take
+        if (take == 0 if wants is None else take < wants_here) and limit + take > 0:
+            for bucket in mine:  # the limits that held this key back
+                if bucket.room(now) == 0:
+                    bucket.throttled += 1
+                    wait = bucket.wait_s(now)
+                    if wait is not None:
+                        waits.append(wait)
     return _Plan(takes, buckets, min(waits) if waits else None)
 
 
@@ -397,21 +395,22 @@ def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: dat
 
 
 def limits_admit_fast(jobs: Sequence[Job], targets: Mapping[str, Target], now: datetime
-                      ) -> list[Job]:
-    """The fast lane's read rows that their targets' rate limits admit now; the others are
-    not sent and keep their place (a key's head held back holds its key's later rows).
+                      ) -> tuple[list[Job], float | None]:
+    """The fast lane's read rows that their targets' rate limits admit now, and when a row
+    held back could go (seconds; None: none held back); the others are not sent and keep
+    their place (a key's head held back holds its key's later rows).
 
     Index: ``jobs_limit_bucket_key``. Rows of targets without limits pass untouched; the
     tokens taken commit at once, before the sends."""
     limited = [job for job in jobs if job.target in targets]
     if not limited:
-        return list(jobs)
+        return list(jobs), None
     counts: dict[tuple[str, str], int] = defaultdict(int)
     for job in limited:
         counts[(job.target, job.limit_key or TARGET_KEY)] += 1
     keys = [(targets[target], key) for target, key in counts]
     with transaction.atomic():
-        plan = _plan(keys, len(limited), len(limited), now, running={})
+        plan = _plan(keys, len(limited), len(limited), now, running={}, wants=counts)
         # Each key may take no more than it has read (the plan shares the rows in order).
         takes = dict(plan.takes)
         _write_buckets(plan.buckets.values(), now)
@@ -423,7 +422,9 @@ def limits_admit_fast(jobs: Sequence[Job], targets: Mapping[str, Target], now: d
         if takes.get(key, 0) > 0:
             takes[key] -= 1
             chosen.add(job.id)
-    return [job for job in jobs if job.target not in targets or job.id in chosen]
+    admitted = [job for job in jobs if job.target not in targets or job.id in chosen]
+    held_back = len(admitted) < len(jobs)
+    return admitted, plan.wait_s if held_back else None
 
 
 def limits_block(target: Target, limit_key: str | None, until: datetime, now: datetime

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.django_db
 
 SETTINGS = load_settings({}, environ={})
 SECOND = timedelta(seconds=1)
+MILLISECOND = timedelta(milliseconds=1)
 
 
 def long_worker(name: str = "L") -> LongLane:
@@ -180,3 +181,16 @@ def test_a_bad_limit_key_is_refused_naming_it_and_nothing_is_written(
         enqueue_many([{"target": "lim.bad", **good}, {"target": "lim.bad", **item}])
     assert raised.value.field == field
     assert JobModel.objects.filter(target="lim.bad").count() == 1
+
+
+def test_a_fast_lane_held_back_by_its_rate_waits_for_the_next_token_not_its_idle_pace(
+        targets: Any, now: datetime) -> None:
+    targets("lim.fast-wait", limits=[Rate(10, period_s=1, burst=1)])
+    enqueue_many([{"target": "lim.fast-wait", "payload": n} for n in range(3)])
+    lane = make_worker("W")
+    assert lane.run(now) == 1
+    due_in = lane.lane.due_in_s()
+    assert due_in is not None and 0.099 < due_in < 0.101  # a token every 100 ms
+    assert lane.run(now + 100 * MILLISECOND) == 1
+    lane.leases.release_all()  # a poll that reads nothing forgets the wait: no stale 0 s
+    assert lane.lane.run_once(now) == 0 and lane.lane.due_in_s() is None
