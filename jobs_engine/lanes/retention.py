@@ -11,6 +11,8 @@ so the heartbeat is never late:
   step jobs (which the counts and the TTL above leave alone);
 - adds the statistics each session counted (its shards) to the hourly buckets, one row per
   hour, target and outcome (``store.job_stats_fold_shards``);
+- removes the buckets of limits' keys unused for ``IDLE_BUCKET`` (or the time their rate
+  takes to refill, if longer), which a new one would equal (``store.limit_buckets_prune``);
 - closes as DEAD the PENDING rows of targets no handler here takes that have been due for
   ``UNHANDLED_GRACE_S`` (a deploy removed the target, a typo in a data migration): "no
   handler registered for <target>". The grace lets a rolling deploy bring up the workers of
@@ -33,6 +35,7 @@ from django.db import transaction
 from jobs_engine import store
 from jobs_engine.conf import JobsSettings
 from jobs_engine.lanes.outage import is_database_fault
+from jobs_engine.limits import Rate
 from jobs_engine.registry import all_targets, policy_for
 from jobs_engine.signals import announce_dead
 
@@ -40,6 +43,7 @@ logger = logging.getLogger("jobs_engine")
 
 BATCH = 5000
 BUDGET_S = 2.0
+IDLE_BUCKET = timedelta(hours=1)
 
 
 @dataclass
@@ -48,6 +52,7 @@ class RetentionCounts:
     failed: int = 0  # DEAD jobs removed past keep_failed or DEAD_TTL_DAYS
     flows: int = 0  # flows removed FLOW_RETENTION_DAYS after they finished, with their jobs
     unhandled: int = 0  # PENDING rows closed DEAD: no handler registered
+    buckets: int = 0  # idle buckets of limits' keys removed
 
 
 class RetentionService:
@@ -95,6 +100,13 @@ class RetentionService:
         flows_cutoff = now - timedelta(days=self.settings.FLOW_RETENTION_DAYS)
         counts.flows = self._drain(lambda: self._delete_flows(flows_cutoff), deadline)
         store.job_stats_fold_shards()
+        for limited in all_targets():
+            for limit in limited.limits.limits:
+                idle = max(IDLE_BUCKET, timedelta(seconds=limit.burst / limit.per_second)
+                           if isinstance(limit, Rate) and limit.burst else IDLE_BUCKET)
+                counts.buckets += self._drain(partial(
+                    store.limit_buckets_prune, limited.name, limit.name, now - idle, now,
+                    self.batch), deadline)
         counts.unhandled = self._close_unhandled(now)
         if counts.completed or counts.failed or counts.flows or counts.unhandled:
             logger.info("retention removed completed=%s failed=%s flows=%s; closed "

@@ -60,6 +60,7 @@ __all__ = [
     "Admitted",
     "BucketState",
     "jobs_long_reserve_limited",
+    "limit_buckets_prune",
     "limits_admit_fast",
     "limits_block",
     "limits_state",
@@ -445,6 +446,23 @@ def limits_block(target: Target, limit_key: str | None, until: datetime, now: da
             "WHERE true ON CONFLICT (target, name, key) DO UPDATE SET tokens = 0, "
             "refilled_at = excluded.refilled_at, blocked_until = excluded.blocked_until, "
             "throttled = b.throttled + 1", {**params, "now": dt(now), "until": dt(until)})
+
+
+def limit_buckets_prune(target: str, name: str, idle_before: datetime, now: datetime,
+                        batch: int) -> int:
+    """Remove up to ``batch`` buckets of one limit's keys (never the target's own) unused
+    since ``idle_before`` and not blocked: a bucket idle that long is as a new one would be
+    (no running rows it counts, its tokens full), so keys that come and go (customers,
+    accounts) do not pile up. Returns how many were removed.
+
+    Index: ``jobs_limit_bucket_used``."""
+    return execute(
+        f"DELETE FROM {LIMIT_BUCKETS} WHERE id IN (SELECT id FROM {LIMIT_BUCKETS} "
+        "WHERE used_at < %(idle_before)s AND target = %(target)s AND name = %(name)s "
+        "AND key <> '' AND (blocked_until IS NULL OR blocked_until < %(now)s) "
+        "LIMIT %(batch)s)",
+        {"idle_before": dt(idle_before), "target": target, "name": name, "now": dt(now),
+         "batch": batch})
 
 
 @dataclass(frozen=True)

@@ -194,3 +194,25 @@ def test_a_fast_lane_held_back_by_its_rate_waits_for_the_next_token_not_its_idle
     assert lane.run(now + 100 * MILLISECOND) == 1
     lane.leases.release_all()  # a poll that reads nothing forgets the wait: no stale 0 s
     assert lane.lane.run_once(now) == 0 and lane.lane.due_in_s() is None
+
+
+def test_retention_removes_idle_buckets_of_keys_and_keeps_the_rest(targets: Any,
+                                                                   now: datetime) -> None:
+    from jobs_engine.lanes.retention import RetentionService
+
+    targets("lim.keys", lane="long", limits=[Concurrency(1, per=PER_TENANT),
+                                             Rate(1, period_s=86400, name="daily")])
+    old, recent = now - 2 * 3600 * SECOND, now - 60 * SECOND
+    for name, key, used_at, blocked in [
+            ("concurrency/tenant", "idle", old, None),
+            ("concurrency/tenant", "", old, None),  # the target's own: kept
+            ("concurrency/tenant", "busy", recent, None),
+            ("concurrency/tenant", "blocked", old, now + 60 * SECOND),
+            ("daily", "idle", old, None)]:  # a day to refill: not as a new one yet
+        LimitBucket.objects.create(target="lim.keys", name=name, key=key, used_at=used_at,
+                                   blocked_until=blocked)
+    counts = RetentionService(SETTINGS).run_once(now)
+    assert counts.buckets == 1
+    assert sorted(LimitBucket.objects.values_list("name", "key")) == [
+        ("concurrency/tenant", ""), ("concurrency/tenant", "blocked"),
+        ("concurrency/tenant", "busy"), ("daily", "idle")]
