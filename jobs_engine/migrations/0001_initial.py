@@ -24,7 +24,7 @@ from django.db import migrations, models
 from jobs_engine.store.functions import postgresql_functions
 
 # The sha256 of store/sql/enqueue.sql this migration was written for.
-ENQUEUE_SQL_DIGEST = "9059851fc0ca0830cb065446af1e60bd11c957d8cc3fc72528161031840f813f"
+ENQUEUE_SQL_DIGEST = "499a8c0b237d27424c2c76a9823dcc13a70b9022d6bba6884a8ad88243057cdd"
 
 
 class Migration(migrations.Migration):
@@ -213,10 +213,11 @@ class Migration(migrations.Migration):
                 ('priority', models.SmallIntegerField(db_default=0, default=0, help_text='Long lane: -100..100, higher runs first.')),
                 ('tries', models.JSONField(blank=True, help_text="Long lane: one entry per try that ended: the worker, its start and end, and the exception's class and traceback when it raised.", null=True)),
                 ('tenant_id', models.CharField(blank=True, help_text="The tenant it belongs to; empty: the platform's own (tenancy).", max_length=200, null=True)),
+                ('limit_key', models.CharField(blank=True, help_text="Its key under its target's limits.", max_length=200, null=True)),
             ],
             options={
                 'permissions': [('manage_jobs', 'Can manage jobs and schedules')],
-                'indexes': [models.Index(condition=models.Q(('status', 'PENDING'), ('lane', 'long')), fields=['-priority', 'next_run_at', 'id'], name='jobs_long_pending_due'), models.Index(condition=models.Q(('status', 'PENDING'), ('lane', 'fast')), fields=['target', 'next_run_at', 'id'], name='jobs_fast_pending_due'), models.Index(condition=models.Q(('status', 'PENDING'), ('key__isnull', False)), fields=['partition', 'target', 'key', 'version', 'id'], name='jobs_pending_key_order'), models.Index(condition=models.Q(('status', 'RUNNING')), fields=['lease_until'], name='jobs_running_lease'), models.Index(condition=models.Q(('status', 'DEAD')), fields=['closed_at'], name='jobs_dead_closed'), models.Index(condition=models.Q(('status', 'DEAD')), fields=['target', 'closed_at', 'id'], name='jobs_dead_by_target'), models.Index(condition=models.Q(('key__isnull', False)), fields=['key'], name='jobs_key'), models.Index(condition=models.Q(('tenant_id__isnull', False)), fields=['tenant_id', '-id'], name='jobs_by_tenant')],
+                'indexes': [models.Index(condition=models.Q(('status', 'PENDING'), ('limit_key__isnull', False)), fields=['target', 'limit_key', '-priority', 'next_run_at', 'id'], name='jobs_limited_pending'), models.Index(condition=models.Q(('status', 'RUNNING'), ('limit_key__isnull', False)), fields=['target', 'limit_key'], name='jobs_limited_running'), models.Index(condition=models.Q(('status', 'PENDING'), ('lane', 'long'), ('tenant_id__isnull', False)), fields=['tenant_id', '-priority', 'next_run_at', 'id'], name='jobs_long_pending_tenant'), models.Index(condition=models.Q(('status', 'PENDING'), ('lane', 'long')), fields=['-priority', 'next_run_at', 'id'], name='jobs_long_pending_due'), models.Index(condition=models.Q(('status', 'PENDING'), ('lane', 'fast')), fields=['target', 'next_run_at', 'id'], name='jobs_fast_pending_due'), models.Index(condition=models.Q(('status', 'PENDING'), ('key__isnull', False)), fields=['partition', 'target', 'key', 'version', 'id'], name='jobs_pending_key_order'), models.Index(condition=models.Q(('status', 'RUNNING')), fields=['lease_until'], name='jobs_running_lease'), models.Index(condition=models.Q(('status', 'DEAD')), fields=['closed_at'], name='jobs_dead_closed'), models.Index(condition=models.Q(('status', 'DEAD')), fields=['target', 'closed_at', 'id'], name='jobs_dead_by_target'), models.Index(condition=models.Q(('key__isnull', False)), fields=['key'], name='jobs_key'), models.Index(condition=models.Q(('tenant_id__isnull', False)), fields=['tenant_id', '-id'], name='jobs_by_tenant')],
                 'constraints': [models.UniqueConstraint(fields=('dedupe_key',), name='jobs_one_per_dedupe_key'), models.UniqueConstraint(condition=models.Q(('status', 'RUNNING'), ('running_code__isnull', False)), fields=('running_code',), name='jobs_one_running_per_code')],
             },
         ),
@@ -258,6 +259,56 @@ class Migration(migrations.Migration):
                 'db_table': 'jobs_engine_flowstep',
                 'indexes': [models.Index(condition=models.Q(('job_id__isnull', False)), fields=['job_id'], name='jobs_flowstep_by_job')],
                 'constraints': [models.UniqueConstraint(fields=('flow', 'position'), name='jobs_flowstep_place')],
+            },
+        ),
+        migrations.CreateModel(
+            name='LimitBucket',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('target', models.CharField(max_length=200)),
+                ('name', models.CharField(help_text="The limit's name on its target.", max_length=60)),
+                ('key', models.CharField(blank=True, default='', help_text='Its key; empty: the target as a whole.', max_length=200)),
+                ('tokens', models.FloatField(default=0.0, help_text='Rate: starts it may make now.')),
+                ('refilled_at', models.DateTimeField(blank=True, null=True)),
+                ('blocked_until', models.DateTimeField(blank=True, help_text='A handler said wait (RateLimited).', null=True)),
+                ('admitted', models.BigIntegerField(default=0, help_text='Jobs started under it.')),
+                ('throttled', models.BigIntegerField(default=0, help_text='Times it held a due job back.')),
+                ('used_at', models.DateTimeField(help_text='Its last admission.')),
+            ],
+            options={
+                'db_table': 'jobs_engine_limit_bucket',
+                'indexes': [models.Index(fields=['used_at'], name='jobs_limit_bucket_used')],
+                'constraints': [models.UniqueConstraint(fields=('target', 'name', 'key'), name='jobs_limit_bucket_key')],
+            },
+        ),
+        migrations.CreateModel(
+            name='LimitOverride',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+                ('target', models.CharField(max_length=200)),
+                ('name', models.CharField(max_length=60)),
+                ('slots', models.IntegerField(blank=True, help_text='Concurrency: slots.', null=True)),
+                ('starts', models.IntegerField(blank=True, help_text='Rate: starts a period.', null=True)),
+                ('period_s', models.FloatField(blank=True, help_text='Rate: the period.', null=True)),
+                ('burst', models.IntegerField(blank=True, help_text='Rate: the burst.', null=True)),
+                ('updated_at', models.DateTimeField()),
+                ('updated_by', models.CharField(blank=True, default='', max_length=150)),
+            ],
+            options={
+                'db_table': 'jobs_engine_limit_override',
+                'constraints': [models.UniqueConstraint(fields=('target', 'name'), name='jobs_limit_override_one')],
+            },
+        ),
+        migrations.CreateModel(
+            name='TenantWeight',
+            fields=[
+                ('tenant_id', models.CharField(max_length=200, primary_key=True, serialize=False)),
+                ('weight', models.IntegerField(default=1)),
+                ('updated_at', models.DateTimeField()),
+                ('updated_by', models.CharField(blank=True, default='', max_length=150)),
+            ],
+            options={
+                'db_table': 'jobs_engine_tenant_weight',
             },
         ),
         postgresql_functions(ENQUEUE_SQL_DIGEST),

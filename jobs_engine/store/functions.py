@@ -109,12 +109,10 @@ class RunOnPostgreSQL(migrations.RunSQL):
             super().database_backwards(app_label, schema_editor, from_state, to_state)
 
 
-def postgresql_functions(digest: str, *, reversible: bool = True) -> RunOnPostgreSQL:
+def postgresql_functions(digest: str) -> RunOnPostgreSQL:
     """A migration's operation that makes the file's sequences and functions on PostgreSQL
     (every statement is ``CREATE OR REPLACE`` or ``IF NOT EXISTS``: it runs again over an
-    earlier version), and removes them in reverse; ``digest`` as ``RunOnPostgreSQL``'s.
-    ``reversible=False`` for a migration that runs the file again: undoing it would drop
-    the functions the migration before it made."""
+    earlier version), and removes them in reverse; ``digest`` as ``RunOnPostgreSQL``'s."""
     made = statements(ENQUEUE_SQL)
-    return RunOnPostgreSQL(made, [undo(statement) for statement in reversed(made)]
-                           if reversible else None, digest=digest)
+    return RunOnPostgreSQL(made, [undo(statement) for statement in reversed(made)],
+                           digest=digest)

@@ -17,13 +17,21 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from django.db import transaction
 
 from jobs_engine.job import Job
-from jobs_engine.limits import PER_TARGET, TARGET_KEY, Concurrency, Limit, Rate, key_of
-from jobs_engine.registry import Target
+from jobs_engine.limits import (
+    PER_TARGET,
+    TARGET_KEY,
+    Concurrency,
+    Limit,
+    Rate,
+    TargetLimits,
+    key_of,
+)
+from jobs_engine.states import DeliveryMode
 from jobs_engine.store.connection import execute, fetch, is_postgres, named
 from jobs_engine.store.dialect import (
     dt,
@@ -71,6 +79,20 @@ LIMIT_OVERRIDES = "jobs_engine_limit_override"
 # The keys with due rows one admission looks at: a reserve takes at most a lane's slots, and
 # a target with more waiting keys than this has its later ones looked at by later reserves.
 MAX_KEYS = 200
+
+
+class Target(Protocol):
+    """What the admission reads of a registered target (``registry.Target``; the store
+    imports nothing above it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def limits(self) -> TargetLimits: ...
+
+    @property
+    def delivery_mode(self) -> DeliveryMode: ...
 
 
 class Admitted(NamedTuple):
