@@ -216,3 +216,27 @@ def test_retention_removes_idle_buckets_of_keys_and_keeps_the_rest(targets: Any,
     assert sorted(LimitBucket.objects.values_list("name", "key")) == [
         ("concurrency/tenant", ""), ("concurrency/tenant", "blocked"),
         ("concurrency/tenant", "busy"), ("daily", "idle")]
+
+
+def test_rate_limited_on_the_fast_lane_holds_the_key_and_its_later_versions(
+        targets: Any, now: datetime) -> None:
+    answers = ["wait", "ok"]
+
+    def handler(job: Job) -> None:
+        if job.payload == 0 and answers.pop(0) == "wait":
+            raise RateLimited(retry_after_s=30)
+        sent.append(job.payload)
+
+    sent: list[Any] = []
+    targets("lim.fast-429", handler=handler, limits=[Rate(100, period_s=1)])
+    enqueue_many([{"target": "lim.fast-429", "payload": n, "key": "k", "version": n}
+                  for n in range(3)])
+    lane = make_worker("R")
+    lane.run(now)
+    rows = JobModel.objects.filter(target="lim.fast-429").order_by("version")
+    assert [(r.status, r.attempts) for r in rows] == [(JobStatus.PENDING, 0)] * 3
+    assert sent == [] and lane.run(now + 10 * SECOND) == 0  # the key's bucket is blocked
+    lane.run(now + 31 * SECOND)
+    lane.run(now + 31 * SECOND)
+    lane.run(now + 31 * SECOND)
+    assert sent == [0, 1, 2]  # in version order once the block ended
