@@ -33,6 +33,12 @@ class JobsSettings:
     # Of those, at-most-once rows per thread: a crash presumes every started one DEAD, run
     # or not, so they queue less deep than at-least-once rows, which run again instead.
     LONG_PREFETCH_AT_MOST_ONCE: int = 8
+    # The long lane shares each reserve between the tenants whose rows wait, in proportion
+    # to their weights (``TenantWeight``, 1 without one; the rows of no tenant count as one
+    # more tenant of weight 1): a tenant's backlog holds another tenant's new row back by
+    # one reserve at most. Whether a tenant's row waits is looked at once a POLL_S; without
+    # one, the plain reserve. False: rows in priority and run order alone, whoever's.
+    FAIR_SHARES: bool = True
     POLL_S: float = 1
     IDLE_POLL_S: tuple[float, ...] = (1, 2, 5)
     PARTITION_LEASE_S: float = 30

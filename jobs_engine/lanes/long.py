@@ -148,6 +148,8 @@ class LongLane:
         # over while it ran lie behind the cursor (set by the writer, read by the poll).
         self._code_freed = False
         self._reserved_lately: dict[str, float] = {}  # target -> until (``_likely``)
+        self._tenants_wait = False  # a tenant's row waited (``_fair_shares``), looked at then
+        self._tenants_looked_at: float | None = None
         self._rescued_at: datetime | None = None
         self._rescued_whole_at: datetime | None = None
         self._time = DatabaseTime(store.db_now, monotonic)
@@ -239,13 +241,14 @@ class LongLane:
         limit = self._reserve_limit(free)
         # One statement reserves and starts the rows, skipping paused targets (no separate
         # read of the pauses); rows of a target whose pause ran out come back unstarted.
-        reserved = store.ReservedRows() if not mine.free_names or limit <= 0 else (
-            store.jobs_long_reserve(
-                self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
-                exclusive_targets=mine.exclusive_names, targets=mine.free_names, start=True,
-                at_most_once_limit=free.at_most_once,
-                flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
-                after=self._reserve_from(woken), likely=self._likely()))
+        reserve: Callable[..., store.ReservedRows] = (
+            self._reserve_fair if self._fair_shares(woken) else store.jobs_long_reserve)
+        reserved = store.ReservedRows() if not mine.free_names or limit <= 0 else reserve(
+            self.worker_id, token, now, self.settings.LONG_LEASE_S, limit,
+            exclusive_targets=mine.exclusive_names, targets=mine.free_names, start=True,
+            at_most_once_limit=free.at_most_once,
+            flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
+            after=self._reserve_from(woken), likely=self._likely())
         self._cursor = reserved.cursor or self._cursor
         until = self._monotonic() + LIKELY_S
         self._reserved_lately.update((r.job.target, until) for r in reserved)
@@ -282,6 +285,28 @@ class LongLane:
             else:
                 self._pool.submit(self._run_in_thread, *args)
         return len(ready)
+
+    def _fair_shares(self, woken: bool) -> bool:
+        """Whether this reserve is the fair one (``store.jobs_long_reserve_fair``):
+        ``FAIR_SHARES`` on and a tenant's row waiting, as ``store.jobs_long_tenants_wait``
+        said at most a ``POLL_S`` ago (one entry of an index that holds no row without a
+        tenant: a project without tenants pays that statement once a ``POLL_S``, and keeps
+        the plain reserve and its cursor). A woken poll asks only if it never was."""
+        if not self.settings.FAIR_SHARES:
+            return False
+        at, last = self._monotonic(), self._tenants_looked_at
+        if last is None or (not woken and not 0 <= at - last < self.settings.POLL_S):
+            self._tenants_looked_at = at
+            self._tenants_wait = store.jobs_long_tenants_wait()
+        return self._tenants_wait
+
+    def _reserve_fair(self, *args: Any, after: store.LongCursor | None, likely: list[str],
+                      **kwargs: Any) -> store.ReservedRows:
+        """``store.jobs_long_reserve_fair`` in the plain reserve's place: it reads each
+        tenant's rows from the first (no cursor, no ``likely``), and the next plain reserve
+        reads from the first due row."""
+        self._cursor = None
+        return store.jobs_long_reserve_fair(*args, **kwargs)
 
     def _likely(self) -> list[str]:
         """The targets this worker reserved rows of in the last ``LIKELY_S``

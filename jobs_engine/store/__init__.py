@@ -3,6 +3,7 @@
 - ``enqueue``: rows inserted in the caller's transaction, and the wake-ups after its commit;
 - ``fast``: the fast lane's reads, marked in flight by the read;
 - ``long``: the long lane's reserve, start, renewal and rescue;
+- ``fair``: the long lane's reserve shared between tenants by weight;
 - ``limits``: the admission of limited targets' rows, and their buckets;
 - ``outcomes``: every outcome write of both lanes, under the holder's guard;
 - ``flows``: the flows' bookkeeping;
@@ -22,6 +23,8 @@ from jobs_engine.store.control import __all__ as _control
 from jobs_engine.store.dialect import read_dt, read_json, writable_ctes
 from jobs_engine.store.enqueue import *  # noqa: F403
 from jobs_engine.store.enqueue import __all__ as _enqueue
+from jobs_engine.store.fair import *  # noqa: F403
+from jobs_engine.store.fair import __all__ as _fair
 from jobs_engine.store.fast import *  # noqa: F403
 from jobs_engine.store.fast import __all__ as _fast
 from jobs_engine.store.flows import *  # noqa: F403
@@ -40,5 +43,5 @@ from jobs_engine.store.rows import *  # noqa: F403
 from jobs_engine.store.rows import __all__ as _rows
 
 __all__ = ["db_now", "is_postgres", "notifications_exist", "read_dt", "read_json",
-           "writable_ctes", *_rows, *_enqueue, *_fast, *_long, *_limits, *_outcomes, *_flows,
-           *_planning, *_leases, *_control]
+           "writable_ctes", *_rows, *_enqueue, *_fast, *_long, *_fair, *_limits, *_outcomes,
+           *_flows,           *_planning, *_leases, *_control]

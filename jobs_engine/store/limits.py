@@ -40,7 +40,6 @@ from jobs_engine.store.dialect import (
     int_array,
     json_dt,
     read_dt,
-    read_json,
     skip_locked,
     table,
     text_array,
@@ -49,17 +48,15 @@ from jobs_engine.store.long import (
     _NOT_PAUSED,
     _RESERVED_COLUMNS,
     _STARTED_AT,
-    _STARTED_AT_COLUMN,
-    _TRIES_COLUMN,
     Reserved,
     ReservedRows,
+    _reserved,
 )
 from jobs_engine.store.rows import (
     JOBS,
     PENDING_VALUE,
     RESERVE,
     RUNNING_VALUE,
-    job_from_row,
 )
 
 __all__ = [
@@ -413,8 +410,7 @@ def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: dat
         clause, id_params = named(in_("id", ids), "ids")
         rows = fetch(update.format(picked=f"SELECT id FROM {JOBS} WHERE {clause}"),
                      {**params, **id_params})
-    return [Reserved(job_from_row(row), (read_json(row[_TRIES_COLUMN]) or [])
-                     if row[_STARTED_AT_COLUMN] is not None else None) for row in rows]
+    return [_reserved(row) for row in rows]
 
 
 def limits_admit_fast(jobs: Sequence[Job], targets: Mapping[str, Target], now: datetime

@@ -155,6 +155,11 @@ _RESERVED_COLUMNS = (f"{', '.join(f'{JOBS}.{c}' for c in JOB_COLUMNS)}, {JOBS}.p
 # Where a reserved row's values after a Job's are (the reserve's count of locked rows last).
 _PRIORITY_COLUMN, _RUN_AT_COLUMN, _STARTED_AT_COLUMN, _TRIES_COLUMN, _LOCKED_COLUMN = (
     range(len(JOB_COLUMNS), len(JOB_COLUMNS) + 5))
+# The update of a reserve's statement: the rows of ``picked`` (id, exclusive, code) claimed.
+_CLAIM_PICKED = (f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
+                 "claimed_by = %(owner)s, lease_until = %(lease_until)s, running_code = CASE "
+                 f"WHEN picked.exclusive THEN picked.code END, started_at = {_STARTED_AT}, "
+                 f"updated_at = %(now)s FROM picked WHERE {JOBS}.id = picked.id")
 # The four ranges of a reserve from a cursor, in the index's order, with their tests.
 _RANGES = {"above": "j.priority > %(priority)s",
            "band": "j.priority = %(priority)s AND j.next_run_at > %(band_from)s "
@@ -207,11 +212,7 @@ def _reserve_statement(targets: tuple[str, ...], exclusive: tuple[str, ...],
         "row_number() OVER (PARTITION BY at_most_once ORDER BY priority DESC, "
         "next_run_at, id) AS nth_mode FROM first_of_code) AS m "
         "WHERE NOT at_most_once OR nth_mode <= %(at_most_once)s) "
-        f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
-        "claimed_by = %(owner)s, lease_until = %(lease_until)s, running_code = CASE WHEN "
-        f"picked.exclusive THEN picked.code END, started_at = {_STARTED_AT}, updated_at = %(now)s "
-        f"FROM picked WHERE {JOBS}.id = picked.id RETURNING {_RESERVED_COLUMNS}, "
-        "(SELECT count(*) FROM locked)"
+        f"{_CLAIM_PICKED} RETURNING {_RESERVED_COLUMNS}, (SELECT count(*) FROM locked)"
         + lazy_flush_item(flush_lazily, "EXISTS (SELECT 1 FROM picked "
                         "WHERE exclusive OR at_most_once)"))
 
@@ -263,11 +264,6 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
         "running": RESERVE.target, "token": token, "owner": owner,
         "lease_until": dt(now + timedelta(seconds=lease_s))}
 
-    def reserved(row: Sequence[Any]) -> Reserved:
-        started = row[_STARTED_AT_COLUMN] is not None
-        return Reserved(job_from_row(row),
-                        (read_json(row[_TRIES_COLUMN]) or []) if started else None)
-
     if writable_ctes():
         # Inside a caller's transaction a savepoint keeps a refused statement from aborting
         # it; in autocommit the statement is its own transaction (no BEGIN, no COMMIT).
@@ -285,7 +281,7 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             pass  # a code another worker claimed meanwhile: one code at a time below
         else:
             rows.sort(key=lambda row: (-row[_PRIORITY_COLUMN], row[_RUN_AT_COLUMN], row[0]))
-            got = ReservedRows(reserved(row) for row in rows)
+            got = ReservedRows(_reserved(row) for row in rows)
             if len(rows) == limit and rows[-1][_LOCKED_COLUMN] == limit:
                 # Every row it locked was taken, as many as it may: the next reserve starts
                 # after the last.
@@ -293,8 +289,6 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
                 got.cursor = LongCursor(last[_PRIORITY_COLUMN], last[_RUN_AT_COLUMN] - CURSOR_LAG,
                                         last[_RUN_AT_COLUMN], last[0])
             return got
-    order: dict[int, int] = {}
-    found: list[Reserved] = []
     target_clause, target_params = named(in_names("j.target", targets), "targets")
     excl_clause, excl_params = named(in_names("j.target", exclusive_targets), "exclusive")
     with transaction.atomic():
@@ -305,43 +299,59 @@ def jobs_long_reserve(owner: str, token: str, now: datetime, lease_s: float, lim
             f"ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %(limit)s{skip_locked()}",
             {**params, **target_params, **excl_params},
         )
-        order = {row[0]: place for place, row in enumerate(candidates)}
-        exclusive = set(exclusive_targets)
-        plain_ids: list[int] = []
-        seen_codes: set[str] = set()
-        exclusive_rows = []
-        for job_id, target, code, mode in candidates:  # as the statement above picks
-            if target in exclusive:
-                if code in seen_codes:
-                    continue
-                seen_codes.add(code)
-            if mode == AT_MOST_ONCE_VALUE:
-                if at_most_once <= 0:
-                    continue
-                at_most_once -= 1
-            if target in exclusive:
-                exclusive_rows.append((job_id, code))
-            else:
-                plain_ids.append(job_id)
-        update = (
-            f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
-            "claimed_by = %(owner)s, lease_until = %(lease_until)s, running_code = %(code)s, "
-            f"started_at = {_STARTED_AT}, updated_at = %(now)s "
-            f"WHERE {{where}} AND status = %(pending)s RETURNING {_RESERVED_COLUMNS}"
-        )
-        params["pending"] = RESERVE.source_value
-        if plain_ids:
-            clause, id_params = named(in_("id", plain_ids), "ids")
-            rows = fetch(update.format(where=clause), {**params, **id_params, "code": None})
-            found += [reserved(row) for row in rows]
-        for job_id, code in exclusive_rows:
-            try:
-                with transaction.atomic():
-                    rows = fetch(update.format(where="id = %(id)s"),
-                                 {**params, "id": job_id, "code": code})
-            except IntegrityError:
-                continue  # another worker runs this code right now
-            found += [reserved(row) for row in rows]
+        return _claim_in_turn(candidates, params, exclusive_targets, at_most_once)
+
+
+def _reserved(row: Sequence[Any]) -> Reserved:
+    """A reserved row (``_RESERVED_COLUMNS``): its job, and its earlier tries if started."""
+    started = row[_STARTED_AT_COLUMN] is not None
+    return Reserved(job_from_row(row), (read_json(row[_TRIES_COLUMN]) or []) if started else None)
+
+
+def _claim_in_turn(candidates: Sequence[Sequence[Any]], params: dict[str, Any],
+                   exclusive_targets: Sequence[str], at_most_once: int) -> ReservedRows:
+    """Claim the locked ``candidates`` (id, target, code, delivery_mode, ...), taken in
+    their order: the first of each exclusive code, the first ``at_most_once`` at-most-once
+    rows; a statement for the others and one per exclusive code, in the caller's
+    transaction. The rows claimed, in the candidates' order."""
+    order: dict[int, int] = {row[0]: place for place, row in enumerate(candidates)}
+    found: list[Reserved] = []
+    exclusive = set(exclusive_targets)
+    plain_ids: list[int] = []
+    seen_codes: set[str] = set()
+    exclusive_rows = []
+    for job_id, target, code, mode, *_ in candidates:  # in the caller's order
+        if target in exclusive:
+            if code in seen_codes:
+                continue
+            seen_codes.add(code)
+        if mode == AT_MOST_ONCE_VALUE:
+            if at_most_once <= 0:
+                continue
+            at_most_once -= 1
+        if target in exclusive:
+            exclusive_rows.append((job_id, code))
+        else:
+            plain_ids.append(job_id)
+    update = (
+        f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
+        "claimed_by = %(owner)s, lease_until = %(lease_until)s, running_code = %(code)s, "
+        f"started_at = {_STARTED_AT}, updated_at = %(now)s "
+        f"WHERE {{where}} AND status = %(pending)s RETURNING {_RESERVED_COLUMNS}"
+    )
+    params = {**params, "pending": RESERVE.source_value}
+    if plain_ids:
+        clause, id_params = named(in_("id", plain_ids), "ids")
+        rows = fetch(update.format(where=clause), {**params, **id_params, "code": None})
+        found += [_reserved(row) for row in rows]
+    for job_id, code in exclusive_rows:
+        try:
+            with transaction.atomic():
+                rows = fetch(update.format(where="id = %(id)s"),
+                             {**params, "id": job_id, "code": code})
+        except IntegrityError:
+            continue  # another worker runs this code right now
+        found += [_reserved(row) for row in rows]
     return ReservedRows(sorted(found, key=lambda r: order[r.job.id]))  # type: ignore[index]  # a reserved row is stored: its id is set
 
 

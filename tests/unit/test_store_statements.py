@@ -13,9 +13,9 @@ import pytest
 from django.apps import apps
 
 import jobs_engine
-from jobs_engine.store import enqueue, fast, flows, leases, long, outcomes
+from jobs_engine.store import enqueue, fair, fast, flows, leases, long, outcomes
 
-MODULES = [enqueue, fast, long, leases, outcomes, flows]
+MODULES = [enqueue, fast, long, fair, leases, outcomes, flows]
 
 
 # Exported beside the statements but running none: the wake-up payload's text.
