@@ -225,17 +225,21 @@ class LongLane:
         # Only targets registered here: another release's rows wait for its own workers.
         mine = lane_names(Lane.LONG)
         self._next_due_at = None
-        admitted = store.Admitted(store.ReservedRows(), None)
+        admitted = store.Admitted(store.ReservedRows(), None, now)
+        started = 0
         if mine.limited:
             # Limited targets first, each admitted by its limits; of rate-limited targets
-            # as many rows as threads are idle, so such a row starts now, where its token
-            # was taken, not after a queue (a slot is held by the row itself, queued or not).
+            # as many rows as threads are idle (a slot is held by the row itself, queued or
+            # not). Handed to threads at once: a rate counts starts, and the rows' start is
+            # the admission's time, when their tokens were taken.
             with self._lock:
                 idle_threads = max(0, self.settings.LONG_BATCH - self._running)
             admitted = store.jobs_long_reserve_limited(
                 self.worker_id, token, now, self.settings.LONG_LEASE_S, free.rows,
                 targets=mine.limited, start=True, at_most_once_limit=free.at_most_once,
                 rated_limit=idle_threads)
+            started += self._start(admitted.rows, token, admitted.at,
+                                   DatabaseClock(admitted.at, self._monotonic))
             free = Slots(free.rows - len(admitted.rows), free.at_most_once - sum(
                 r.job.delivery_mode == _AT_MOST_ONCE for r in admitted.rows))
         limit = self._reserve_limit(free)
@@ -252,24 +256,28 @@ class LongLane:
         self._cursor = reserved.cursor or self._cursor
         until = self._monotonic() + LIKELY_S
         self._reserved_lately.update((r.job.target, until) for r in reserved)
-        reserved.extend(admitted.rows)  # not ``likely``: the free reserve never takes them
-        admitted_wait_s = admitted.wait_s
-        if reserved:
+        taken = reserved + admitted.rows
+        if taken:
             self._at_most_once_share = sum(r.job.delivery_mode == _AT_MOST_ONCE
-                                           for r in reserved) / len(reserved)
+                                           for r in taken) / len(taken)
         else:
             next_due = store.jobs_long_next_due(mine.names, now)
             if next_due is not None:
                 self._next_due_at = self._monotonic() + (next_due - now).total_seconds()
-        if admitted_wait_s is not None:  # a held-back key's next token or block's end
-            at = self._monotonic() + admitted_wait_s
+        if admitted.wait_s is not None:  # a held-back key's next token or block's end
+            at = self._monotonic() + admitted.wait_s
             self._next_due_at = at if self._next_due_at is None else min(at, self._next_due_at)
+        return started + self._start(reserved, token, now, clock)
+
+    def _start(self, reserved: list[store.Reserved], token: str, started_at: datetime,
+               clock: DatabaseClock) -> int:
+        """Hand the reserved rows that started (and the probes this worker won of the
+        others) to the threads; returns how many. ``started_at``: what the reserve wrote."""
         if not reserved:
             return 0
-        started_at = now  # what the reserve wrote
         ready = [(r.job, r.earlier_tries) for r in reserved if r.earlier_tries is not None]
         probed, probes = self._probe([r.job for r in reserved if r.earlier_tries is None],
-                                     token, now, started_at)
+                                     token, started_at, started_at)
         ready += probed
         for job, earlier in ready:
             assert job.id is not None, "reserved: a stored row"

@@ -93,11 +93,13 @@ class Target(Protocol):
 
 
 class Admitted(NamedTuple):
-    """What a limited reserve took, and when the next admission could take more (seconds;
-    None: nothing held back, or only by slots another worker holds)."""
+    """What a limited reserve took, when the next admission could take more (seconds;
+    None: nothing held back, or only by slots another worker holds), and the admission's
+    time, which the rows' ``started_at`` holds (``_Plan.at``)."""
 
     rows: ReservedRows
     wait_s: float | None
+    at: datetime
 
 
 @dataclass
@@ -128,8 +130,8 @@ class _Bucket:
     def settled(self, now: datetime) -> tuple[float, datetime]:
         """Its tokens once this admission's are taken, and the time they are counted from:
         ``now``, or the end of a block still running (tokens come only after it)."""
-        if self.refilled_at is not None and self.refilled_at > now:
-            return self.tokens, self.refilled_at
+        if self.refilled_at is not None and self.refilled_at > now:  # a block's end
+            return self.tokens - self.taken, self.refilled_at
         tokens = self.tokens_at(now) if isinstance(self.limit, Rate) else 0.0
         return tokens - self.taken, now
 
@@ -244,6 +246,10 @@ class _Plan(NamedTuple):
     takes: dict[tuple[str, str], int]  # (target, limit key) -> rows to take
     buckets: dict[tuple[str, str, str], _Bucket]
     wait_s: float | None
+    # The admission's time: the caller's, or the latest refill of a bucket it locked if that
+    # is later (another worker's admission with a later clock committed first). Tokens are
+    # counted at it, and so never twice: a bucket's time only moves forward.
+    at: datetime
 
 
 def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now: datetime,
@@ -257,6 +263,8 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
     wanted = [(target, lim, key_of(lim, key)) for target, key in keys
               for lim in target.limits.limits]
     buckets = _lock_buckets(wanted, now)
+    now = max([now] + [b.refilled_at for b in buckets.values() if b.refilled_at is not None
+                       and not (b.blocked_until is not None and b.blocked_until > now)])
     if running is None:
         counted = (_running(sorted({t.name for t, _ in keys}))
                    if any(isinstance(lim, Concurrency) for _, lim, _ in wanted) else {})
@@ -293,7 +301,7 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
                     wait = bucket.wait_s(now)
                     if wait is not None:
                         waits.append(wait)
-    return _Plan(takes, buckets, min(waits) if waits else None)
+    return _Plan(takes, buckets, min(waits) if waits else None, now)
 
 
 def _due_keys(targets: Sequence[str], now: datetime) -> list[tuple[str, str]]:
@@ -350,11 +358,12 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
     by_name = {t.name: t for t in targets}
     keys = [(by_name[target], key) for target, key in _due_keys(sorted(by_name), now)]
     if not keys or limit <= 0:
-        return Admitted(ReservedRows(), None)
+        return Admitted(ReservedRows(), None, now)
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     with transaction.atomic():
         plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
-        reserved = _take(plan.takes, owner, token, now, lease_s, start) if plan.takes else []
+        reserved = (_take(plan.takes, owner, token, plan.at, lease_s, start) if plan.takes
+                    else [])
         got: dict[tuple[str, str], int] = defaultdict(int)
         for row in reserved:
             got[(row.job.target, row.job.limit_key or TARGET_KEY)] += 1
@@ -363,9 +372,9 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
             if short:  # rows another worker locked meanwhile: their slots and tokens stay
                 for lim in by_name[target_name].limits.limits:
                     plan.buckets[(target_name, lim.name, key_of(lim, key))].taken -= short
-        _write_buckets(plan.buckets.values(), now)
+        _write_buckets(plan.buckets.values(), plan.at)
     reserved.sort(key=lambda r: (r.job.target, r.job.id))
-    return Admitted(ReservedRows(reserved), plan.wait_s)
+    return Admitted(ReservedRows(reserved), plan.wait_s, plan.at)
 
 
 def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: datetime,
@@ -430,9 +439,8 @@ def limits_admit_fast(jobs: Sequence[Job], targets: Mapping[str, Target], now: d
     keys = [(targets[target], key) for target, key in counts]
     with transaction.atomic():
         plan = _plan(keys, len(limited), len(limited), now, running={}, wants=counts)
-        # Each key may take no more than it has read (the plan shares the rows in order).
         takes = dict(plan.takes)
-        _write_buckets(plan.buckets.values(), now)
+        _write_buckets(plan.buckets.values(), plan.at)
     # A key's tokens go to its oldest rows first (ids grow with the enqueue), so no key's
     # head waits behind rows that came later.
     chosen: set[int | None] = set()

@@ -39,7 +39,8 @@ def long_worker(name: str = "L") -> LongLane:
 
 def reserve(target: str, now: datetime, limit: int = 10) -> store.Admitted:
     return store.jobs_long_reserve_limited(f"w-{uuid.uuid4().hex[:6]}", uuid.uuid4().hex, now,
-                                           300, limit, targets=[get_target(target)])
+                                           300, limit, targets=[get_target(target)],
+                                           start=True)
 
 
 def running(target: str) -> int:
@@ -240,3 +241,23 @@ def test_rate_limited_on_the_fast_lane_holds_the_key_and_its_later_versions(
     lane.run(now + 31 * SECOND)
     lane.run(now + 31 * SECOND)
     assert sent == [0, 1, 2]  # in version order once the block ended
+
+
+def test_an_admission_whose_clock_is_behind_the_buckets_pays_for_its_tokens_once(
+        targets: Any, now: datetime) -> None:
+    """Two workers' clocks differ by a few milliseconds, and the one behind may commit its
+    admission after the other's: its time is then the bucket's last refill, so a token is
+    taken once and the rows it admits are stamped no earlier than their tokens."""
+    targets("lim.skew", lane="long", limits=[Rate(20, period_s=1, burst=5)])
+    enqueue_many([{"target": "lim.skew", "payload": n} for n in range(50)])
+    now += 10 * SECOND  # every row due, even 50 ms before
+    taken = len(reserve("lim.skew", now, limit=1).rows)
+    for _ in range(5):  # a worker whose clock reads 50 ms earlier
+        admitted = reserve("lim.skew", now - 50 * MILLISECOND, limit=4)
+        taken += len(admitted.rows)
+        assert admitted.at == now
+        assert all(r.job.id is not None for r in admitted.rows)
+    assert taken == 5  # the burst, once
+    started = set(JobModel.objects.filter(status=JobStatus.RUNNING)
+                  .values_list("started_at", flat=True))
+    assert started == {now}
