@@ -428,10 +428,10 @@ def _held_keys(report: LimitsReport, starts: list[Start], runs: list[Interval],
                   and not (i.job_id in held and i.start <= stopped_at)]
         found.others_while_held = _most_between(
             others, stopped_at, FOREVER if released_at is None else released_at)
-        run = report.keys.get((target, key))
-        if released_at is not None and run is not None:
-            at = bisect.bisect_right(run.full_at, released_at)
-            found.back_at = run.full_at[at] if at < len(run.full_at) else None
+        key_run = report.keys.get((target, key))
+        if released_at is not None and key_run is not None:
+            at = bisect.bisect_right(key_run.full_at, released_at)
+            found.back_at = key_run.full_at[at] if at < len(key_run.full_at) else None
         if found.back_at is None:
             report.note("slots_not_returned", f"{target} {key}: rows {found.rows[:EXAMPLES]} "
                         f"released {'never' if released_at is None else report.t(released_at)}")
