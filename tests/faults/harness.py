@@ -8,7 +8,8 @@ Used by ``tests/faults/test_faults.py`` and by ``bench/soak.py``. Workers are
 ``tests.process.harness.DEFAULT_JOBS_ENV``; this module adds what only a fault run needs: the
 delivery logs, the faults and their bookkeeping, the drain and the verdict. Everything a run
 writes stays in its directory: ``enqueued.txt``, ``deliveries/<pid>.log``, ``in_doubt.txt``,
-each process's stdout and stderr, and ``summary.txt`` (timeline, worker exits, the checker's
+``killed.txt`` (pids SIGKILLed, when they were stopped), each process's stdout and stderr,
+and ``summary.txt`` (timeline, worker exits, the checker's
 table, stderr tails).
 
 Over 400 lines because ``FaultRun`` is one object on purpose: its faults, waits and verdict
@@ -44,6 +45,7 @@ from tests.faults.checker import (
     read_in_doubt,
     read_rows,
 )
+from tests.faults.limits_checker import KILLED_FILE
 from tests.faults.pg import REPO_ROOT, PgCluster
 from tests.faults.targets import LOG_DIR_ENV
 from tests.faults.workload import Workload
@@ -159,6 +161,7 @@ class FaultRun:
         self.started = time.monotonic()
         self.timeline: list[str] = []
         self.faulted: dict[int, str] = {}  # pid -> what we did to it
+        self.stopped_at: dict[int, float] = {}  # pid -> when its SIGSTOP took (unix time)
         self.exits: dict[int, Exit] = {}  # pid -> how it exited, once noticed
         self.stop_requested: set[int] = set()
         self.enqueuer: subprocess.Popen[bytes] | None = None
@@ -238,7 +241,7 @@ class FaultRun:
 
     def start_enqueue(self, workload: Workload) -> None:
         """Start the enqueuer in the background (rounds at ``workload.interval_s``)."""
-        self.targets = [*workload.fast_targets, *workload.long_targets]
+        self.targets = workload.targets
         out = self.base_dir / "enqueuer.out"
         with open(out, "wb") as fh:
             self.enqueuer = subprocess.Popen(
@@ -354,6 +357,7 @@ class FaultRun:
         self._fault(f"{what} {proc.name} (pid {proc.pid})")
         proc.send(signal.SIGSTOP)
         wait_until(lambda: stopped_state(proc.pid), 5, f"{proc.name} to stop", interval=0.01)
+        self.stopped_at[proc.pid] = time.time()
         self.wait_statements_ended(proc)
         in_doubt = self.record_in_doubt(proc)
         self.log(f"{proc.name} stopped; {in_doubt} rows in hand recorded in doubt")
@@ -386,6 +390,8 @@ class FaultRun:
             return
         self.faulted[proc.pid] = "SIGKILL"
         proc.send(signal.SIGKILL)
+        with open(self.base_dir / KILLED_FILE, "a") as fh:  # for the limits checker
+            fh.write(f"{proc.pid} {self.stopped_at[proc.pid]:.6f}\n")
         proc.wait_exit(10)
         self.note_exits()
 

@@ -53,10 +53,13 @@ def deliver(job: Job) -> None:
 
 
 def register() -> None:
-    """Register the four targets (idempotent)."""
+    """Register the four targets (idempotent), and the limits scenario's when
+    ``$JOBS_FAULTS_LIMITS`` asks for them (``limits_targets``)."""
     from jobs_engine import DeliveryMode, Lane, register_target
     from jobs_engine.registry import all_targets
+    from tests.faults import limits_targets
 
+    limits_targets.register()
     if FAST_AT_MOST_ONCE in {t.name for t in all_targets()}:
         return
     register_target(FAST_AT_MOST_ONCE, deliver, lane=Lane.FAST,

@@ -20,7 +20,8 @@ fault in a poll's own statements are exercised.
   reserves and successes of at-least-once rows) may be undone, and those jobs must run
   again, in key order.
 
-Sizes: a short form by default (the whole folder in about 3 minutes on 2 cores);
+Sizes: a short form by default (this module in about 3 minutes on 2 cores; the limits
+scenario, ``test_limits_faults.py``, adds 3 more);
 ``JOBS_FAULTS_FULL=1`` runs the full ones (10,000 fast-lane jobs over 200 keys plus 200
 long-lane jobs per scenario). Every run prints its timeline, the workers' exits, the
 checker's table and, on failure, the workers' stderr tails; all its files stay in the

@@ -8,7 +8,12 @@ each commit, which is what the checker holds the deliveries and the tables again
 
 Fast-lane jobs go to ``keys`` keys (spread over the fast targets), versions ``1..versions``
 each, committed version-major in ``transactions`` big transactions (so a poll's window
-holds heads of many keys); long-lane jobs are spread over the same transactions.
+holds heads of many keys); long-lane jobs are spread over the same transactions, and so are
+the ``limited`` ones (the limits scenario's: an account, a random sleep, a throttle).
+
+A transaction that fails on a database fault (a restart while the enqueuer runs rounds) is
+tried again; a try whose commit went through before the fault finds its dedupe keys taken,
+and the ids that hold them are the jobs.
 """
 
 from __future__ import annotations
@@ -16,12 +21,37 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class LimitedJobs:
+    """Long-lane jobs of one target of the limits scenario, spread over the transactions:
+    payload ``account`` ``a0..a<accounts-1>`` round robin (none when 0), ``sleep`` a
+    uniform random time in ``sleep_ms`` (seeded by the job's number), ``throttle`` on every
+    ``throttle_every``-th job (0: none)."""
+
+    target: str
+    jobs: int
+    accounts: int = 0
+    sleep_ms: tuple[int, int] = (0, 0)
+    throttle_every: int = 0
+
+    def payload(self, prefix: str, n: int) -> dict[str, Any]:
+        low, high = self.sleep_ms
+        found: dict[str, Any] = {"sleep": round(
+            random.Random(f"{prefix}:{self.target}:{n}").uniform(low, high) / 1000, 4)}
+        if self.accounts:
+            found["account"] = f"a{n % self.accounts}"
+        if self.throttle_every and n % self.throttle_every == self.throttle_every - 1:
+            found["throttle"] = True
+        return found
 
 
 @dataclass(frozen=True)
@@ -37,6 +67,7 @@ class Workload:
     transactions: int = 5
     interval_s: float = 0.0  # pause between transactions (rounds); 0: back to back
     prefix: str = "k"
+    limited: tuple[LimitedJobs, ...] = ()
 
     @property
     def fast_jobs(self) -> int:
@@ -44,7 +75,11 @@ class Workload:
 
     @property
     def total(self) -> int:
-        return self.fast_jobs + self.long_jobs
+        return self.fast_jobs + self.long_jobs + sum(spec.jobs for spec in self.limited)
+
+    @property
+    def targets(self) -> list[str]:
+        return [*self.fast_targets, *self.long_targets, *(spec.target for spec in self.limited)]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -54,6 +89,8 @@ class Workload:
         raw = json.loads(text)
         raw["fast_targets"] = tuple(raw["fast_targets"])
         raw["long_targets"] = tuple(raw["long_targets"])
+        raw["limited"] = tuple(LimitedJobs(**{**spec, "sleep_ms": tuple(spec["sleep_ms"])})
+                               for spec in raw.get("limited", ()))
         return cls(**raw)
 
 
@@ -85,6 +122,13 @@ def transaction_items(workload: Workload, number: int) -> list[dict[str, Any]]:
             items.append({"target": target, "key": key, "version": 0,
                           "payload": {"sleep": workload.long_sleep_s},
                           "dedupe_key": f"{workload.prefix}:{target}:{key}"})
+    for index, spec in enumerate(workload.limited):
+        low, high = _bounds(spec.jobs, workload.transactions, number)
+        for n in range(low, high):
+            key = f"{workload.prefix}lim{index}-{n:06d}"
+            items.append({"target": spec.target, "key": key, "version": 0,
+                          "payload": spec.payload(workload.prefix, n),
+                          "dedupe_key": f"{workload.prefix}:{spec.target}:{key}"})
     return items
 
 
@@ -98,12 +142,42 @@ def enqueued_lines(items: list[dict[str, Any]], ids: list[int]) -> Iterator[str]
                f"{target.delivery_mode.value} {target.lane.value}\n")
 
 
-def enqueue_all(workload: Workload, out: Path) -> int:
-    """Commit the workload transaction by transaction; returns the jobs enqueued."""
-    from django.db import transaction
+def commit_items(items: list[dict[str, Any]], number: int, retry_s: float = 120) -> list[int]:
+    """Enqueue ``items`` in one transaction, tried again while the database is down (up to
+    ``retry_s``); returns their ids. Every item is inserted by the try that commits: a
+    dedupe key already taken is one a try before committed (its commit's answer lost)."""
+    from django.db import InterfaceError, OperationalError, connection, transaction
 
     from jobs_engine import enqueue_many
 
+    deadline, tries = time.monotonic() + retry_s, 0
+    while True:
+        tries += 1
+        try:
+            with transaction.atomic():
+                results = enqueue_many(items)
+            break
+        except (OperationalError, InterfaceError) as exc:
+            if time.monotonic() > deadline:
+                raise
+            print(f"transaction {number + 1}: try {tries} failed on a database fault: "
+                  f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}",
+                  flush=True)
+            connection.close()
+            time.sleep(0.5)
+    ids = [r.job_id for r in results]
+    taken = sum(not r.inserted for r in results)
+    if None in ids or (taken and (tries == 1 or taken != len(results))):
+        raise RuntimeError(f"transaction {number + 1}: {taken} of {len(items)} items not "
+                           f"inserted at try {tries}")
+    if taken:
+        print(f"transaction {number + 1}: committed by an earlier try (its answer was lost)",
+              flush=True)
+    return [int(i) for i in ids if i is not None]
+
+
+def enqueue_all(workload: Workload, out: Path) -> int:
+    """Commit the workload transaction by transaction; returns the jobs enqueued."""
     count = 0
     started = time.monotonic()
     for number in range(workload.transactions):
@@ -111,13 +185,9 @@ def enqueue_all(workload: Workload, out: Path) -> int:
         items = transaction_items(workload, number)
         if not items:
             continue
-        with transaction.atomic():
-            results = enqueue_many(items)
-        ids = [r.job_id for r in results]
-        if not all(r.inserted for r in results) or None in ids:
-            raise RuntimeError(f"transaction {number}: some items were not inserted")
+        ids = commit_items(items, number)
         with open(out, "a") as fh:
-            fh.writelines(enqueued_lines(items, [int(i) for i in ids if i is not None]))
+            fh.writelines(enqueued_lines(items, ids))
             fh.flush()
             os.fsync(fh.fileno())
         count += len(items)
