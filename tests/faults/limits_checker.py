@@ -23,7 +23,9 @@ or a job that never ended): it must not happen, and it counts as running to the 
 Rates: every start is a token taken (a try that raised ``RateLimited`` too). The windows are
 closed intervals of P seconds, anchored at each start, over two clocks: the handlers' start
 times (``time.time()`` in the worker) and the admissions' times (the try's ``started_at``,
-the database clock the token bucket reckons with). Both must hold at most R + B.
+the database clock the token bucket reckons with). The admissions must hold at most R + B;
+the handlers' starts, which lag their admissions by up to L (a thread takes the row), at
+most R + B + R * L / P (starts in a window of P were admitted within P + L).
 
 Slots back: for each key a killed worker held a row of when it was stopped (the in-doubt
 rows of its pid, and its starts without a finish), the release is the latest rescue of
@@ -155,6 +157,7 @@ class LimitsReport:
     keys: dict[tuple[str, str], KeyRun] = field(default_factory=dict)
     by_start: dict[str, Window] = field(default_factory=dict)
     by_admission: dict[str, Window] = field(default_factory=dict)
+    lag_s: dict[str, float] = field(default_factory=dict)  # the longest admission-to-start
     held: dict[tuple[str, str], Held] = field(default_factory=dict)
     examples: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
     origin: float = 0.0  # the table's and the examples' moments count from it (unix time)
@@ -366,11 +369,14 @@ def _concurrency(report: LimitsReport, runs: list[Interval], slots: int) -> KeyR
 
 
 def _windows(report: LimitsReport, kind: str, target: str, times: list[float],
-             rate: tuple[int, float, int]) -> Window:
+             rate: tuple[int, float, int], lag_s: float = 0.0) -> Window:
     """Closed windows of ``period_s`` anchored at each start: the most starts in one, and
-    how many hold more than R + B."""
+    how many hold more than R + B, or on a clock that lags the admissions by up to
+    ``lag_s`` more than R + B + R * lag_s / P: starts in a window of P were admitted in a
+    window of P + lag_s, which the bucket holds to that."""
     starts, period_s, burst = rate
-    window = Window(starts + burst, period_s, len(times))
+    window = Window(starts + burst + math.ceil(starts * lag_s / period_s), period_s,
+                    len(times))
     times = sorted(times)
     last = 0
     for first, at in enumerate(times):
@@ -470,8 +476,12 @@ def check_limits(enqueued: Iterable[Enqueued], starts: list[Start], finishes: li
         report.keys[(target, key)] = _concurrency(report, key_runs, limits.slots[target])
     for target, rate in sorted(limits.rates.items()):
         mine = [s for s in starts if s.target == target]
+        # A handler starts a little after its admission (its thread takes it): the
+        # handlers' clock is held to the bound that lag allows, the admissions' to R + B.
+        lag_s = max((s.at - s.admitted for s in mine), default=0.0)
+        report.lag_s[target] = lag_s
         report.by_start[target] = _windows(report, "over_rate_by_start", target,
-                                           [s.at for s in mine], rate)
+                                           [s.at for s in mine], rate, max(0.0, lag_s))
         admitted = [s.admitted for s in mine] + [
             r.start for r in runs if r.target == target and r.what == "admitted"]
         report.by_admission[target] = _windows(report, "over_rate_by_admission", target,

@@ -159,7 +159,8 @@ def test_a_start_that_never_finishes_fails_and_runs_to_the_end() -> None:
 
 def test_more_than_rate_plus_burst_in_a_window_fails_on_each_clock() -> None:
     # Five starts within one second, by the handlers' clock and the admissions'.
-    rate = [start(10 + n, 10.0 + n * 0.25, "*", target=R) for n in range(5)]
+    rate = [start(10 + n, 10.0 + n * 0.25, "*", target=R, admitted=10.0 + n * 0.25)
+            for n in range(5)]
     ends = [finish(s.job_id, s.at + 0.01, "*", target=R) for s in rate]
     report = judged(jobs(range(10, 15), R), rate, ends)
     assert report.by_start[R].max_starts == 5
@@ -171,7 +172,7 @@ def test_more_than_rate_plus_burst_in_a_window_fails_on_each_clock() -> None:
                     [finish(s.job_id, s.at + 0.01, "*", target=R) for s in spread])
     assert report.failures == {"over_rate_by_admission": 1}
     # A try that raised RateLimited took its token: it counts, and its job still must end.
-    throttled = [*rate[:4], start(10, 10.9, "*", target=R)]
+    throttled = [*rate[:4], start(10, 10.9, "*", target=R, admitted=10.9)]
     report = judged(jobs(range(10, 14), R), throttled,
                     [finish(10, 10.05, "*", target=R, how=RATE_LIMITED), *ends[1:4],
                      finish(10, 11.0, "*", target=R)])
@@ -179,6 +180,24 @@ def test_more_than_rate_plus_burst_in_a_window_fails_on_each_clock() -> None:
                                                          "over_rate_by_admission": 1}
     assert judged(jobs([10]), [rate[0]], [finish(10, 10.05, "*", target=R,
                                                  how=RATE_LIMITED)]).not_finished == 1
+
+
+def test_the_handlers_clock_is_allowed_the_lag_behind_their_admissions() -> None:
+    """Admissions one a second apart (3 a second allowed, burst 1) whose handlers started
+    up to 0.5 s late: five handler starts within a second are within R + B + R * 0.5 / P
+    (6), and the admissions' windows hold 4; a sixth start in it is one too many."""
+    admitted = [10.0, 10.3, 10.6, 10.9, 11.2]
+    late = [start(20 + n, at + (0.5 if n == 0 else 0.0), "*", target=R, admitted=at)
+            for n, at in enumerate(admitted)]
+    ends = [finish(s.job_id, s.at + 0.01, "*", target=R) for s in late]
+    report = judged(jobs(range(20, 25), R), late, ends)
+    assert report.lag_s[R] == pytest.approx(0.5)
+    assert report.by_start[R].allowed == 6 and report.by_start[R].max_starts == 5
+    assert report.failures == {}
+    six = [*late, start(25, 10.8, "*", target=R, admitted=10.8)]
+    report = judged(jobs(range(20, 26), R), six,
+                    [*ends, finish(25, 10.81, "*", target=R)])
+    assert set(report.failures) == {"over_rate_by_admission"}
 
 
 def test_a_lost_try_without_a_start_took_a_token() -> None:
