@@ -25,6 +25,10 @@ TRIES_HELP = ("Long lane: one entry per try that ended: the worker, its start an
 RUNNING = Q(status=JobStatus.RUNNING)
 TENANT_HELP = "The tenant it belongs to; empty: the platform's own (tenancy)."
 HAS_TENANT = Q(tenant_id__isnull=False)
+# A row of a target without limits. The rows of limited targets are in their own index
+# (``jobs_limited_pending``): a backlog their limits hold back is never walked by the
+# reserve of the other targets.
+NO_LIMITS = Q(limit_key__isnull=True)
 
 
 def tenant_field() -> models.CharField[str | None, str | None]:
@@ -87,13 +91,14 @@ class Job(models.Model):
             # scan over it finds the tenants that have rows waiting. Rows without a tenant
             # (every row of a single-tenant project) write no entry.
             models.Index(fields=["tenant_id", "-priority", "next_run_at", "id"],
-                         condition=PENDING & Q(lane=Lane.LONG) & HAS_TENANT,
+                         condition=PENDING & Q(lane=Lane.LONG) & HAS_TENANT & NO_LIMITS,
                          name="jobs_long_pending_tenant"),
             # Long lane reserve: due rows in run order, the highest priority first. Long
             # lane only, so a fast-lane poll can only read its own target's index, never
             # walk other targets' rows.
             models.Index(fields=["-priority", "next_run_at", "id"],
-                         condition=PENDING & Q(lane=Lane.LONG), name="jobs_long_pending_due"),
+                         condition=PENDING & Q(lane=Lane.LONG) & NO_LIMITS,
+                         name="jobs_long_pending_due"),
             # Fast lane poll: due rows of one target in run order.
             models.Index(fields=["target", "next_run_at", "id"],
                          condition=PENDING & Q(lane=Lane.FAST), name="jobs_fast_pending_due"),

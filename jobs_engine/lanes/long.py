@@ -148,6 +148,7 @@ class LongLane:
         # over while it ran lie behind the cursor (set by the writer, read by the poll).
         self._code_freed = False
         self._reserved_lately: dict[str, float] = {}  # target -> until (``_likely``)
+        self._key_cursor = store.FIRST_KEYS  # where the limits' next admission looks
         self._tenants_wait = False  # a tenant's row waited (``_fair_shares``), looked at then
         self._tenants_looked_at: float | None = None
         self._rescued_at: datetime | None = None
@@ -237,7 +238,8 @@ class LongLane:
             admitted = store.jobs_long_reserve_limited(
                 self.worker_id, token, now, self.settings.LONG_LEASE_S, free.rows,
                 targets=mine.limited, start=True, at_most_once_limit=free.at_most_once,
-                rated_limit=idle_threads)
+                rated_limit=idle_threads, after=self._key_cursor)
+            self._key_cursor = admitted.cursor
             started += self._start(admitted.rows, token, admitted.at,
                                    DatabaseClock(admitted.at, self._monotonic))
             free = Slots(free.rows - len(admitted.rows), free.at_most_once - sum(

@@ -13,6 +13,11 @@ so the heartbeat is never late:
   hour, target and outcome (``store.job_stats_fold_shards``);
 - removes the buckets of limits' keys unused for ``IDLE_BUCKET`` (or the time their rate
   takes to refill, if longer), which a new one would equal (``store.limit_buckets_prune``);
+- gives the long lane's PENDING rows of a target whose limits a deploy changed the key
+  they need: none for a target without limits now, at every pass (``store.limits_unkey``);
+  the key its limits use for rows of a limited target enqueued before, at the first pass
+  and every ``REKEY_EVERY`` after it (``store.limits_rekey``: their lookup walks the
+  index of rows without limits);
 - closes as DEAD the PENDING rows of targets no handler here takes that have been due for
   ``UNHANDLED_GRACE_S`` (a deploy removed the target, a typo in a data migration): "no
   handler registered for <target>". The grace lets a rolling deploy bring up the workers of
@@ -38,12 +43,14 @@ from jobs_engine.lanes.outage import is_database_fault
 from jobs_engine.limits import Rate
 from jobs_engine.registry import all_targets, policy_for
 from jobs_engine.signals import announce_dead
+from jobs_engine.states import Lane
 
 logger = logging.getLogger("jobs_engine")
 
 BATCH = 5000
 BUDGET_S = 2.0
 IDLE_BUCKET = timedelta(hours=1)
+REKEY_EVERY = 10  # passes
 
 
 @dataclass
@@ -53,6 +60,7 @@ class RetentionCounts:
     flows: int = 0  # flows removed FLOW_RETENTION_DAYS after they finished, with their jobs
     unhandled: int = 0  # PENDING rows closed DEAD: no handler registered
     buckets: int = 0  # idle buckets of limits' keys removed
+    rekeyed: int = 0  # rows given the key their target's limits use now
 
 
 class RetentionService:
@@ -66,6 +74,7 @@ class RetentionService:
         self.budget_s = budget_s
         self._monotonic = monotonic
         self._due = monotonic()  # the first beat prunes: a restarted worker catches up
+        self._passes = 0
 
     def maybe_run(self, now: datetime | None = None) -> RetentionCounts | None:
         """A pass when due; None when not. A failed pass is logged in full and tried again
@@ -107,6 +116,15 @@ class RetentionService:
                 counts.buckets += self._drain(partial(
                     store.limit_buckets_prune, limited.name, limit.name, now - idle, now,
                     self.batch), deadline)
+        long_targets = [t for t in all_targets() if t.lane is Lane.LONG and not t.lossy]
+        counts.rekeyed += self._drain(partial(
+            store.limits_unkey, [t.name for t in long_targets if not t.limits], self.batch),
+            deadline)
+        if self._passes % REKEY_EVERY == 0:
+            for limited in (t for t in long_targets if t.limits):
+                counts.rekeyed += self._drain(partial(store.limits_rekey, limited, self.batch),
+                                              deadline)
+        self._passes += 1
         counts.unhandled = self._close_unhandled(now)
         if counts.completed or counts.failed or counts.flows or counts.unhandled:
             logger.info("retention removed completed=%s failed=%s flows=%s; closed "

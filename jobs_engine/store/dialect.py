@@ -207,6 +207,14 @@ def for_share() -> str:
     return " FOR SHARE" if is_postgres() else ""
 
 
+def json_text_field(column: str, field_param: str) -> str:
+    """The text of the top-level field named by the parameter ``field_param`` (a ``%(..)s``)
+    of the JSON ``column``, NULL when it has none."""
+    if is_postgres():
+        return f"{column}->>{field_param}"
+    return f"CAST(json_extract({column}, '$.\"' || {field_param} || '\"') AS TEXT)"
+
+
 def json_array_length(array_sql: str) -> str:
     """SQL for the number of items of the JSON array ``array_sql``."""
     return f"jsonb_array_length({array_sql})" if is_postgres() else \

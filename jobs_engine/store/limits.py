@@ -23,7 +23,10 @@ from django.db import transaction
 
 from jobs_engine.job import Job
 from jobs_engine.limits import (
+    FIELD_PREFIX,
+    PER_CODE,
     PER_TARGET,
+    PER_TENANT,
     TARGET_KEY,
     Concurrency,
     Limit,
@@ -39,13 +42,13 @@ from jobs_engine.store.dialect import (
     in_,
     int_array,
     json_dt,
+    json_text_field,
     read_dt,
     skip_locked,
     table,
     text_array,
 )
 from jobs_engine.store.long import (
-    _NOT_PAUSED,
     _RESERVED_COLUMNS,
     _STARTED_AT,
     Reserved,
@@ -54,28 +57,35 @@ from jobs_engine.store.long import (
 )
 from jobs_engine.store.rows import (
     JOBS,
+    LONG_PENDING,
+    PAUSES,
     PENDING_VALUE,
     RESERVE,
     RUNNING_VALUE,
 )
 
 __all__ = [
+    "FIRST_KEYS",
     "LIMIT_BUCKETS",
     "LIMIT_OVERRIDES",
     "Admitted",
     "BucketState",
+    "KeyCursor",
     "jobs_long_reserve_limited",
     "limit_buckets_prune",
     "limits_admit_fast",
     "limits_block",
+    "limits_rekey",
     "limits_state",
+    "limits_unkey",
 ]
 
 LIMIT_BUCKETS = "jobs_engine_limit_bucket"
 LIMIT_OVERRIDES = "jobs_engine_limit_override"
-# The keys with due rows one admission looks at: a reserve takes at most a lane's slots, and
-# a target with more waiting keys than this has its later ones looked at by later reserves.
-MAX_KEYS = 200
+# The keys with due rows one admission looks at: this many per row it may take (some are
+# held back by their limits), at least ``MIN_KEYS``; the later keys by later admissions.
+KEYS_PER_ROW = 2
+MIN_KEYS = 16
 
 
 class Target(Protocol):
@@ -92,14 +102,27 @@ class Target(Protocol):
     def delivery_mode(self) -> DeliveryMode: ...
 
 
+class KeyCursor(NamedTuple):
+    """Where an admission's look at the keys starts: after ``key`` (in each target's keys
+    in order), or from the first key (``FIRST_KEYS``). Keys take turns: a pass over
+    every key with rows waiting is made a few keys an admission at a time."""
+
+    key: str | None
+
+
+FIRST_KEYS = KeyCursor(None)
+
+
 class Admitted(NamedTuple):
     """What a limited reserve took, when the next admission could take more (seconds;
-    None: nothing held back, or only by slots another worker holds), and the admission's
-    time, which the rows' ``started_at`` holds (``_Plan.at``)."""
+    None: nothing held back, or only by slots another worker holds), the admission's
+    time, which the rows' ``started_at`` holds (``_Plan.at``), and where the next
+    admission looks at the keys."""
 
     rows: ReservedRows
     wait_s: float | None
     at: datetime
+    cursor: KeyCursor = FIRST_KEYS
 
 
 @dataclass
@@ -304,47 +327,59 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
     return _Plan(takes, buckets, min(waits) if waits else None, now)
 
 
-def _due_keys(targets: Sequence[str], now: datetime) -> list[tuple[str, str]]:
-    """The keys of ``targets`` with a due row not paused, in their first due row's run order
-    (at most ``MAX_KEYS``).
+def _due_keys(targets: Sequence[str], now: datetime, after: KeyCursor, count: int
+              ) -> list[tuple[str, str]]:
+    """Up to ``count`` keys of ``targets`` (none paused) with a due row, from ``after`` on
+    in key order.
 
-    Index: ``jobs_limited_pending``, read as a skip scan: one probe per key waiting, at
-    any depth of the backlog."""
-    clause, params = named(in_("j.target", targets, arrays_from=1), "targets")
+    Index: ``jobs_limited_pending``, read as a skip scan per target: one descent per key
+    waiting, and each key's first due row, at any depth of its backlog."""
+    start = ">=" if after.key is None else ">"
+    params = {"pending": PENDING_VALUE, "now": dt(now), "keys": count,
+              "after": after.key or ""}
     if is_postgres():
-        # A recursive skip scan over the index: each step the next (target, key) after the
-        # last, then each key's first due row.
-        found = fetch(
+        return [(target, key) for target, key in fetch(
             "WITH RECURSIVE keys(target, limit_key) AS ("
-            f"(SELECT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
-            f"AND j.limit_key IS NOT NULL AND {clause} ORDER BY j.target, j.limit_key LIMIT 1) "
+            "SELECT f.target, f.limit_key FROM unnest(%(targets)s::text[]) AS t(name) "
+            f"CROSS JOIN LATERAL (SELECT j.target, j.limit_key FROM {JOBS} j "
+            "WHERE j.status = %(pending)s AND j.limit_key IS NOT NULL AND j.target = t.name "
+            f"AND j.limit_key {start} %(after)s ORDER BY j.limit_key LIMIT 1) AS f "
             "UNION ALL SELECT n.target, n.limit_key FROM keys k CROSS JOIN LATERAL ("
             f"SELECT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
-            f"AND j.limit_key IS NOT NULL AND {clause} "
-            "AND (j.target, j.limit_key) > (k.target, k.limit_key) "
-            "ORDER BY j.target, j.limit_key LIMIT 1) AS n) "
-            "SELECT k.target, k.limit_key FROM keys k CROSS JOIN LATERAL ("
-            f"SELECT j.priority, j.next_run_at, j.id FROM {JOBS} j "
-            "WHERE j.status = %(pending)s AND j.limit_key = k.limit_key "
-            f"AND j.target = k.target AND j.next_run_at <= %(now)s AND {_NOT_PAUSED} "
-            "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT 1) AS h "
-            "ORDER BY h.priority DESC, h.next_run_at, h.id LIMIT %(keys)s",
-            {**params, "pending": PENDING_VALUE, "now": dt(now), "keys": MAX_KEYS},
-            prepare=True)
-    else:
-        found = fetch(
-            f"SELECT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
-            f"AND j.limit_key IS NOT NULL AND {clause} AND j.next_run_at <= %(now)s "
-            f"AND {_NOT_PAUSED} GROUP BY j.target, j.limit_key "
-            "ORDER BY -MAX(j.priority), MIN(j.next_run_at), MIN(j.id) LIMIT %(keys)s",
-            {**params, "pending": PENDING_VALUE, "now": dt(now), "keys": MAX_KEYS})
-    return [(target, key) for target, key in found]
+            "AND j.limit_key IS NOT NULL AND j.target = k.target "
+            "AND j.limit_key > k.limit_key ORDER BY j.limit_key LIMIT 1) AS n) "
+            f"SELECT k.target, k.limit_key FROM keys k WHERE NOT EXISTS (SELECT 1 FROM {PAUSES} "
+            "p WHERE p.target = k.target AND p.paused_until > %(now)s) "
+            f"AND EXISTS (SELECT 1 FROM {JOBS} j WHERE j.status = %(pending)s "
+            "AND j.limit_key = k.limit_key AND j.target = k.target "
+            "AND j.next_run_at <= %(now)s) LIMIT %(keys)s",
+            {**params, "targets": text_array(sorted(targets))}, prepare=True)]
+    clause, target_params = named(in_("j.target", targets), "targets")
+    return [(target, key) for target, key in fetch(
+        f"SELECT DISTINCT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
+        f"AND j.limit_key IS NOT NULL AND {clause} AND j.limit_key {start} %(after)s "
+        f"AND j.next_run_at <= %(now)s AND NOT EXISTS (SELECT 1 FROM {PAUSES} p "
+        "WHERE p.target = j.target AND p.paused_until > %(now)s) "
+        "ORDER BY j.limit_key, j.target LIMIT %(keys)s", {**params, **target_params})]
+
+
+def _next_due(targets: Sequence[str], now: datetime) -> datetime | None:
+    """When the next row of ``targets`` not yet due comes due (the admission found none
+    due).
+
+    Index: ``jobs_limited_pending``."""
+    clause, params = named(in_("j.target", targets), "targets")
+    rows = fetch(f"SELECT MIN(j.next_run_at) FROM {JOBS} j WHERE j.status = %(pending)s "
+                 f"AND j.limit_key IS NOT NULL AND {clause} AND j.next_run_at > %(now)s",
+                 {**params, "pending": PENDING_VALUE, "now": dt(now)})
+    return read_dt(rows[0][0]) if rows else None
 
 
 def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: float,
                               limit: int, *, targets: Sequence[Target], start: bool = False,
                               at_most_once_limit: int | None = None,
-                              rated_limit: int | None = None) -> Admitted:
+                              rated_limit: int | None = None,
+                              after: KeyCursor = FIRST_KEYS) -> Admitted:
     """Claim up to ``limit`` due rows of the limited long-lane ``targets`` that their limits
     admit now, under a lease, like ``jobs_long_reserve``; at most ``rated_limit`` of them
     of targets with a rate limit (the lane's idle threads: a rate counts starts, and a row
@@ -352,13 +387,22 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
 
     Index: ``jobs_limited_pending`` (the keys, then each key's first rows),
     ``jobs_limited_running`` (the slots in use), ``jobs_limit_bucket_key``.
-    A row not admitted is not touched: it keeps its place, its attempts and its
-    status. ``wait_s``: when a token or the end of a block lets the next admission take
-    more (the lane sleeps no longer than that, and no busy loop)."""
+    A row not admitted is not touched: it keeps its place, its attempts and its status.
+    The keys looked at are a few from ``after`` on (``KEYS_PER_ROW`` per row it may take);
+    ``Admitted.cursor`` is where the next admission looks. ``wait_s``: when a token, the
+    end of a block or a deferred row lets the next admission take more (the lane sleeps
+    no longer than that); 0 when every key looked at was held back and more keys follow."""
     by_name = {t.name: t for t in targets}
-    keys = [(by_name[target], key) for target, key in _due_keys(sorted(by_name), now)]
-    if not keys or limit <= 0:
-        return Admitted(ReservedRows(), None, now)
+    if limit <= 0:
+        return Admitted(ReservedRows(), None, now, after)
+    count = max(MIN_KEYS, KEYS_PER_ROW * limit)
+    keys = [(by_name[target], key) for target, key in _due_keys(sorted(by_name), now, after,
+                                                                  count)]
+    cursor = KeyCursor(keys[-1][1]) if len(keys) == count else FIRST_KEYS
+    if not keys:
+        due = _next_due(sorted(by_name), now) if after is FIRST_KEYS else now
+        return Admitted(ReservedRows(), None if due is None else
+                        max(0.0, (due - now).total_seconds()), now, cursor)
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     with transaction.atomic():
         plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
@@ -374,7 +418,8 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
                     plan.buckets[(target_name, lim.name, key_of(lim, key))].taken -= short
         _write_buckets(plan.buckets.values(), plan.at)
     reserved.sort(key=lambda r: (r.job.target, r.job.id))
-    return Admitted(ReservedRows(reserved), plan.wait_s, plan.at)
+    wait_s = 0.0 if not reserved and cursor is not FIRST_KEYS else plan.wait_s
+    return Admitted(ReservedRows(reserved), wait_s, plan.at, cursor)
 
 
 def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: datetime,
@@ -386,10 +431,11 @@ def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: dat
     params: dict[str, Any] = {
         "pending": PENDING_VALUE, "now": dt(now), "running": RESERVE.target, "token": token,
         "owner": owner, "lease_until": dt(now + timedelta(seconds=lease_s)), "start": start}
+    # No pause test here: the keys' step left paused targets out, once per key (tested per
+    # row, the planner read every row of the key to sort them).
     first = (f"SELECT j.id FROM {JOBS} j WHERE j.status = %(pending)s "
              "AND j.limit_key = {key} AND j.target = {target} AND j.next_run_at <= %(now)s "
-             f"AND {_NOT_PAUSED} ORDER BY j.priority DESC, j.next_run_at, j.id "
-             "LIMIT {take}" + skip_locked())
+             "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT {take}" + skip_locked())
     # The picked rows in a CTE, evaluated once: as ``id IN (...)`` the planner may run the
     # subquery again for the rows it tests, and its LIMIT then bounds nothing.
     update = ("WITH picked AS ({picked}) "
@@ -489,6 +535,43 @@ def limit_buckets_prune(target: str, name: str, idle_before: datetime, now: date
         "LIMIT %(batch)s)",
         {"idle_before": dt(idle_before), "target": target, "name": name, "now": dt(now),
          "batch": batch})
+
+
+def limits_unkey(targets: Sequence[str], batch: int) -> int:
+    """Take the ``limit_key`` off up to ``batch`` PENDING rows of ``targets``, which have no
+    limits now (a deploy dropped them): the reserve of targets without limits finds them
+    again. Returns the rows changed.
+
+    Index: ``jobs_limited_pending``."""
+    if not targets:
+        return 0
+    clause, params = named(in_("j.target", targets, arrays_from=1), "targets")
+    return execute(
+        f"UPDATE {JOBS} SET limit_key = NULL WHERE id IN (SELECT j.id FROM {JOBS} j "
+        f"WHERE j.status = %(pending)s AND j.limit_key IS NOT NULL AND {clause} "
+        "LIMIT %(batch)s)", {**params, "pending": PENDING_VALUE, "batch": batch})
+
+
+def limits_rekey(target: Target, batch: int) -> int:
+    """Give up to ``batch`` PENDING long-lane rows of the limited ``target`` enqueued before
+    it declared limits the ``limit_key`` its limits use. Returns the rows changed. Their
+    lookup walks the index of rows without limits: the caller does it now and then.
+
+    Index: ``jobs_long_pending_due``."""
+    params: dict[str, Any] = {"target": target.name, "batch": batch}
+    per = target.limits.key_per
+    if per == PER_TENANT:
+        key = "COALESCE(tenant_id, '')"
+    elif per == PER_CODE:
+        key = "code"
+    elif per is not None and per.startswith(FIELD_PREFIX):
+        key = f"COALESCE({json_text_field('payload', '%(field)s')}, '')"
+        params["field"] = per.removeprefix(FIELD_PREFIX)
+    else:  # the target as a whole, or a limit_key= never given
+        key = "''"
+    return execute(
+        f"UPDATE {JOBS} SET limit_key = {key} WHERE id IN (SELECT j.id FROM {JOBS} j "
+        f"WHERE {LONG_PENDING} AND j.target = %(target)s LIMIT %(batch)s)", params)
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ AT_LEAST_ONCE_VALUE = DeliveryMode.AT_LEAST_ONCE.value
 # A hot prepared statement names the lane and state of the partial index it reads as
 # literals, not parameters: its generic plan (``planning``) can then use that index,
 # where with parameters only a plan made for each call's values can.
-LONG_PENDING = f"j.lane = '{Lane.LONG.value}' AND j.status = '{PENDING_VALUE}'"
+# The long lane's rows for the reserve of targets without limits (``jobs_long_pending_due``).
+LONG_PENDING = (f"j.lane = '{Lane.LONG.value}' AND j.status = '{PENDING_VALUE}' "
+                "AND j.limit_key IS NULL")
 FAST_PENDING = f"j.lane = '{Lane.FAST.value}' AND j.status = '{PENDING_VALUE}'"
 
 # The dedupe key of a flow step's job starts with this (``flows.queue``): such a job belongs

@@ -261,3 +261,38 @@ def test_an_admission_whose_clock_is_behind_the_buckets_pays_for_its_tokens_once
     started = set(JobModel.objects.filter(status=JobStatus.RUNNING)
                   .values_list("started_at", flat=True))
     assert started == {now}
+
+
+@pytest.mark.parametrize("limits", [[Concurrency(1)], [Concurrency(1, per=PER_TENANT)],
+                                    [Concurrency(1, per=per_field("account"))]])
+def test_rows_enqueued_before_a_target_declared_limits_are_keyed_and_run_under_them(
+        targets: Any, now: datetime, limits: list[Any]) -> None:
+    from jobs_engine import registry
+    from jobs_engine.lanes.retention import RetentionService
+
+    targets("lim.later", lane="long")
+    enqueue_many([{"target": "lim.later", "payload": {"account": n}, "tenant_id": "acme"}
+                  for n in range(3)])
+    registry.unregister_target("lim.later")
+    targets("lim.later", lane="long", limits=limits)
+    assert long_worker().run_once(now) == 0  # not the free reserve's, not keyed yet
+    assert RetentionService(SETTINGS).run_once(now).rekeyed == 3
+    keys = set(JobModel.objects.filter(target="lim.later").values_list("limit_key", flat=True))
+    assert keys == {"target": {""}, "tenant": {"acme"}, "payload.account": {"0", "1", "2"}}[
+        limits[0].per]
+    ran = long_worker().run_once(now)
+    assert ran == (3 if limits[0].per == "payload.account" else 1)
+
+
+def test_rows_of_a_target_that_dropped_its_limits_run_as_any_other(targets: Any,
+                                                                    now: datetime) -> None:
+    from jobs_engine import registry
+    from jobs_engine.lanes.retention import RetentionService
+
+    targets("lim.dropped", lane="long", limits=[Concurrency(1)])
+    enqueue_many([{"target": "lim.dropped", "payload": n} for n in range(3)])
+    registry.unregister_target("lim.dropped")
+    targets("lim.dropped", lane="long")
+    assert long_worker().run_once(now) == 0
+    assert RetentionService(SETTINGS).run_once(now).rekeyed == 3
+    assert long_worker().run_once(now) == 3
