@@ -353,7 +353,9 @@ def _due_keys(targets: Sequence[str], now: datetime, after: KeyCursor, count: in
             f"AND EXISTS (SELECT 1 FROM {JOBS} j WHERE j.status = %(pending)s "
             "AND j.limit_key = k.limit_key AND j.target = k.target "
             "AND j.next_run_at <= %(now)s) LIMIT %(keys)s",
-            {**params, "targets": text_array(sorted(targets))}, prepare=True)]
+            # Not prepared: a generic plan, blind to the cursor and the clock, read every
+            # row of the key (0.2 ms planned for its values, 500 ms generic at 300,000 rows).
+            {**params, "targets": text_array(sorted(targets))})]
     clause, target_params = named(in_("j.target", targets), "targets")
     return [(target, key) for target, key in fetch(
         f"SELECT DISTINCT j.target, j.limit_key FROM {JOBS} j WHERE j.status = %(pending)s "
