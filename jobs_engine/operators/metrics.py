@@ -83,7 +83,7 @@ class JobsCollector:
         yield outages
         yield lasted
         paused = GaugeMetricFamily("jobs_target_paused",
-                                   "1 while a target is paused (unreachable or disabled).",
+                                   "1 while a target is paused (unreachable, disabled or by hand).",
                                    labels=["target"])
         for pause in store.pauses_all():
             paused.add_metric([pause.target], 1)
