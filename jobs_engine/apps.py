@@ -24,10 +24,11 @@ class JobsEngineConfig(AppConfig):
             from jobs_engine.tasks.backend import register_configured_backends
 
             register_configured_backends()
-        if find_spec("ninja") is not None:  # the ``api`` extra: the flows' routes join it
-            from jobs_engine.operators.flows_api import attach
+        if find_spec("ninja") is not None:  # the ``api`` extra: these routes join it
+            from jobs_engine.operators import flows_api, limits_api
 
-            attach()
+            flows_api.attach()
+            limits_api.attach()
 
 
 def _names_this_engine(tasks: object) -> bool:

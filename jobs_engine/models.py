@@ -406,6 +406,22 @@ class TenantWeight(models.Model):
         return f"{self.tenant_id}: weight {self.weight}"
 
 
+class TargetLimit(models.Model):
+    """No table: the admin's Limits page (each limited target's limits and their keys, the
+    operators' overrides, the tenants' weights), computed from ``LimitBucket``,
+    ``LimitOverride`` and ``TenantWeight`` and the registry (``operators.limits_admin``),
+    like ``JobStat``: a model gives the page its place, URL and view permission."""
+
+    class Meta:
+        managed = False
+        db_table = "jobs_engine_target_limit"  # never created, never queried
+        verbose_name = "limit"
+        verbose_name_plural = "limits"
+
+    def __str__(self) -> str:
+        return "limits"
+
+
 class VersionCounter(models.Model):
     """Backs ``next_version(key)``: an atomic per-key counter."""
 

@@ -8,14 +8,17 @@ or refused (``act``). A refused action raises an ``OperationRefused`` (``JobNotF
 
 Every action takes the caller's ``scope`` (``tenancy``): a row of a tenant out of it is
 refused exactly as an unknown id (404), before anything else is looked at; code that calls
-an action without one acts as the platform operator.
+an action without one acts as the platform operator. The platform's settings (limits'
+overrides, tenants' weights, pauses by hand) belong to no tenant: any other scope is
+refused them (403), before anything else is looked at.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,20 +26,24 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from jobs_engine import flows, store
+from jobs_engine import flows, registry, store
 from jobs_engine.errors import (
     FlowNotFound,
     FlowStepJob,
     InvalidFlow,
+    InvalidLimit,
     InvalidStatus,
     JobNotFound,
+    NotFound,
     OperationRefused,
+    UnknownTarget,
 )
+from jobs_engine.limits import MAX_PERIOD_S, MAX_SLOTS, Concurrency, Limit, Rate
 from jobs_engine.models import AuditRecord, Flow, Job
 from jobs_engine.signals import log_run
 from jobs_engine.states import JobStatus, Lane
-from jobs_engine.tenancy import PLATFORM, Scope, owner_of, sees
-from jobs_engine.text import clean
+from jobs_engine.tenancy import PLATFORM, Scope, owner_of, sees, tenant_id_problem
+from jobs_engine.text import clean, storable
 
 logger = logging.getLogger("jobs_engine")
 
@@ -44,6 +51,11 @@ JOB = "job"
 TARGET = "target"
 FLOW = "flow"
 FLOW_DEFINITION = "flow_definition"
+LIMIT = "limit"
+TENANT = "tenant"
+SET_OVERRIDE, CLEAR_OVERRIDE, SET_WEIGHT, PAUSE, RESUME = (
+    "set_override", "clear_override", "set_weight", "pause", "resume")
+MAX_WEIGHT = 1000  # a tenant's weight in the fair shares: 1 (the default) to this
 MAX_JOB_ID = 2**63 - 1  # bigint: a larger id cannot exist (and would make PostgreSQL fail)
 _JOB_ID = re.compile(r"[1-9][0-9]{0,18}")
 
@@ -87,18 +99,19 @@ def act[K, T](action: str, object_type: str, raw_id: Any, actor: Any,
     """The shape of every operator action: ``parse(raw_id)`` names the row (or raises a
     ``NotFound``), ``attempt(key)`` acts and returns (result, audit message) or raises an
     ``OperationRefused``. The action and its audit record (in the tenant of ``scope``, on
-    ``audited_as(result)`` when given, else the row named) commit together; a refusal is
-    audited outside the rolled-back transaction, then raised."""
+    ``audited_as(result)`` when given, else the row named; the log line names the same)
+    commit together; a refusal is audited outside the rolled-back transaction, then
+    raised."""
     try:
         key = parse(raw_id)
         with transaction.atomic():
             result, message = attempt(key)
-            audit(actor, action, object_type, key if audited_as is None else audited_as(result),
-                  ok=True, message=message, scope=scope)
+            named = key if audited_as is None else audited_as(result)
+            audit(actor, action, object_type, named, ok=True, message=message, scope=scope)
     except OperationRefused as exc:
         audit(actor, action, object_type, raw_id, ok=False, message=exc.message, scope=scope)
         raise
-    logger.info("%s %s %s by=%s %s", object_type, action, key, Actor.of(actor).username,
+    logger.info("%s %s %s by=%s %s", object_type, action, named, Actor.of(actor).username,
                 message)
     return result
 
@@ -206,17 +219,238 @@ def cancel_job(job_id: Any, actor: Any, now: datetime | None = None, *,
     return row
 
 
-# -- targets ------------------------------------------------------------------------------
+# -- the platform's settings: pauses by hand, limits, tenants' weights --------------------
+
+PLATFORM_SETTINGS = ("limits, tenants' weights and target pauses are the whole platform's "
+                     "settings: only the platform operator changes them")
 
 
-def resume_target(target: str, actor: Any) -> None:
-    """End a target's pause now: workers send to it again on their next poll."""
+def _platform_only(scope: Scope) -> None:
+    """The platform's settings are no tenant's: any other caller is refused (403)."""
+    if scope is not PLATFORM:
+        raise OperationRefused(PLATFORM_SETTINGS, status_code=403, code="forbidden")
+
+
+def _registered(name: Any) -> registry.Target:
+    """The target registered under ``name`` (in this process); anything else is 404."""
+    try:
+        return registry.get_target(name)
+    except UnknownTarget:
+        raise NotFound(f"no target named {clean(name, 200)!r} is registered") from None
+
+
+def _pause_text(pause: store.PauseRow | None) -> str:
+    """A pause as the audit trail says it: not its reason, a target's error text that may
+    quote a payload (the pauses' page shows it to who may read payloads only)."""
+    if pause is None:
+        return "not paused"
+    return "paused by hand" if pause.by_hand else "paused by the breaker"
+
+
+def pause_target(target: Any, actor: Any, now: datetime | None = None, *,
+                 scope: Scope = PLATFORM) -> store.PauseRow:
+    """Pause a registered target by hand: no worker sends its rows until an operator
+    resumes it (``resume_target``); it is never probed, and the breaker leaves it as it is.
+    Over the breaker's pause it replaces it. Pausing a target paused by hand already
+    changes nothing (still audited). The platform operator's alone (403 otherwise)."""
+    def parse(raw: Any) -> str:
+        _platform_only(scope)
+        return _registered(raw).name
+
+    def attempt(name: str) -> tuple[store.PauseRow, str]:
+        before = store.pause_of(name)
+        who = Actor.of(actor).username
+        store.pause_by_hand(name, now or store.db_now(), f"paused by hand by {who}")
+        after = store.pause_of(name)
+        assert after is not None
+        return after, f"was {_pause_text(before)}"
+
+    return act(PAUSE, TARGET, target, actor, parse, attempt, scope=scope)
+
+
+def resume_target(target: Any, actor: Any, *, scope: Scope = PLATFORM) -> None:
+    """End a target's pause now, the breaker's or one made by hand: workers send to it
+    again on their next poll. A target without a pause: ``InvalidStatus`` (409) when it is
+    registered, else 404. The platform operator's alone (403 otherwise)."""
+    def parse(raw: Any) -> str:
+        _platform_only(scope)
+        if isinstance(raw, str) and storable(raw) and store.pause_of(raw) is not None:
+            return raw
+        try:
+            return registry.get_target(raw).name
+        except UnknownTarget:
+            raise NotFound(f"target {clean(raw, 200)} is not paused, and no target of that "
+                           "name is registered") from None
+
     def attempt(name: str) -> tuple[None, str]:
-        if not store.pause_clear(name):
-            raise OperationRefused(f"target {name} is not paused")
-        return None, ""
+        before = store.pause_of(name)
+        if not store.pause_resume(name):
+            raise InvalidStatus(f"target {name} is not paused")
+        return None, f"was {_pause_text(before)}"
 
-    act("resume", TARGET, target, actor, str, attempt)
+    act(RESUME, TARGET, target, actor, parse, attempt, scope=scope)
+
+
+@dataclass(frozen=True)
+class LimitSetting:
+    """One declared limit of a target as operators change it: the values in force (the
+    override's, where one is set) beside the declared ones."""
+
+    target: str
+    declared: Limit
+    in_force: Limit
+    override: store.LimitOverrideRow | None
+
+    @property
+    def name(self) -> str:
+        return self.declared.name
+
+    @property
+    def overridden(self) -> bool:
+        return self.override is not None
+
+
+OVERRIDE_FIELDS: dict[type, tuple[str, ...]] = {Concurrency: ("slots",),
+                                                Rate: ("starts", "period_s", "burst")}
+ALL_OVERRIDE_FIELDS = ("slots", "starts", "period_s", "burst")
+
+
+def limit_setting(target: str, declared: Limit) -> LimitSetting:
+    override = store.limit_override_of(target, declared.name)
+    return LimitSetting(target, declared, store.limit_in_force(declared, override), override)
+
+
+def _declared_limit(target: Any, name: Any) -> tuple[str, Limit]:
+    """The limit ``name`` that the registered ``target`` declares; anything else is 404."""
+    found = _registered(target).limits.by_name.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise NotFound(f"target {clean(target, 200)!r} declares no limit named "
+                       f"{clean(name, 60)!r}")
+    return target, found
+
+
+def _whole(field: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOTS:
+        raise OperationRefused(f"{field}: must be a whole number from 1 to {MAX_SLOTS:,}, "
+                               f"got {clean(repr(value), 40)}")
+    return value
+
+
+def _seconds(field: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not math.isfinite(value) or not 0 < value <= MAX_PERIOD_S:
+        raise OperationRefused(f"{field}: must be a number of seconds above 0 and at most "
+                               f"{MAX_PERIOD_S:,.0f}, got {clean(repr(value), 40)}")
+    return float(value)
+
+
+def check_override(declared: Limit, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` as an override of ``declared``: the fields of its kind only (``slots``
+    for a ``Concurrency``; ``starts``, ``period_s``, ``burst`` for a ``Rate``), at least one
+    of them, each in range, and the limit they make valid. ``OperationRefused`` (400)
+    naming the field otherwise. Returns every field of the table, None where not given."""
+    given = {field: value for field, value in values.items() if value is not None}
+    kind = type(declared)
+    fields = OVERRIDE_FIELDS[kind]
+    problems = [f"{field}: unknown field" for field in given if field not in ALL_OVERRIDE_FIELDS]
+    problems += [f"{field}: {declared.name} is a {kind.__name__} limit, which takes "
+                 f"{', '.join(fields)} only" for field in given
+                 if field in ALL_OVERRIDE_FIELDS and field not in fields]
+    if problems:
+        raise OperationRefused(problems)
+    if not given:
+        raise OperationRefused(f"give at least one of {', '.join(fields)}")
+    checked: dict[str, Any] = dict.fromkeys(ALL_OVERRIDE_FIELDS)
+    for field, value in given.items():
+        checked[field] = _seconds(field, value) if field == "period_s" else _whole(field, value)
+    override = store.LimitOverrideRow("", declared.name, checked["slots"], checked["starts"],
+                                      checked["period_s"], checked["burst"],
+                                      datetime.min, "")
+    try:
+        store.limit_in_force(declared, override)
+    except InvalidLimit as exc:
+        raise OperationRefused(f"{exc.field}: {exc.problem}") from None
+    return checked
+
+
+def _limit_id(target: Any, name: Any) -> str:
+    return f"{clean(target, 200)}/{clean(name, 60)}"
+
+
+def set_limit_override(target: Any, name: Any, values: Mapping[str, Any], actor: Any,
+                       now: datetime | None = None, *, scope: Scope = PLATFORM
+                       ) -> LimitSetting:
+    """Put ``values`` in force for the limit ``name`` that ``target`` declares (``slots``;
+    or ``starts``, ``period_s``, ``burst``: ``check_override``), replacing an earlier
+    override; every worker applies it at its next admission. An unknown target or limit
+    is 404, a value that cannot be 400; nothing is changed either way. The platform
+    operator's alone (403 otherwise)."""
+    def parse(raw: Any) -> tuple[str, Limit]:
+        _platform_only(scope)
+        return _declared_limit(target, name)
+
+    def attempt(key: tuple[str, Limit]) -> tuple[LimitSetting, str]:
+        target_name, declared = key
+        checked = check_override(declared, values)
+        before = limit_setting(target_name, declared)
+        store.limit_override_set(target_name, declared.name, **checked,
+                                 now=now or store.db_now(), by=Actor.of(actor).username)
+        after = limit_setting(target_name, declared)
+        return after, f"{before.in_force} -> {after.in_force} (declared {declared})"
+
+    return act(SET_OVERRIDE, LIMIT, _limit_id(target, name), actor, parse, attempt,
+               scope=scope, audited_as=lambda setting: _limit_id(setting.target, setting.name))
+
+
+def clear_limit_override(target: Any, name: Any, actor: Any, *, scope: Scope = PLATFORM
+                         ) -> LimitSetting:
+    """Back to the declared values of the limit ``name`` of ``target`` (a no-op on a limit
+    without override, still audited). The platform operator's alone (403 otherwise)."""
+    def parse(raw: Any) -> tuple[str, Limit]:
+        _platform_only(scope)
+        return _declared_limit(target, name)
+
+    def attempt(key: tuple[str, Limit]) -> tuple[LimitSetting, str]:
+        target_name, declared = key
+        before = limit_setting(target_name, declared)
+        store.limit_override_clear(target_name, declared.name)
+        message = (f"was {before.in_force}; back to {declared}" if before.overridden
+                   else f"had no override ({declared})")
+        return limit_setting(target_name, declared), message
+
+    return act(CLEAR_OVERRIDE, LIMIT, _limit_id(target, name), actor, parse, attempt,
+               scope=scope, audited_as=lambda setting: _limit_id(setting.target, setting.name))
+
+
+def set_tenant_weight(tenant_id: Any, weight: Any, actor: Any, now: datetime | None = None,
+                      *, scope: Scope = PLATFORM) -> store.TenantWeightRow:
+    """``tenant_id``'s weight in the long lane's fair shares, a whole number from 1 to
+    ``MAX_WEIGHT``, from the next reserve on; 1, the default, removes the tenant's row. A
+    text that can be no tenant id names none (404); a weight out of range is 400. The
+    platform operator's alone (403 otherwise)."""
+    def parse(raw: Any) -> str:
+        _platform_only(scope)
+        problem = tenant_id_problem(raw)
+        if problem is not None:
+            raise NotFound(f"no tenant can have this id: it {problem}")
+        return str(raw)
+
+    def attempt(tenant: str) -> tuple[store.TenantWeightRow, str]:
+        if isinstance(weight, bool) or not isinstance(weight, int) \
+                or not 1 <= weight <= MAX_WEIGHT:
+            raise OperationRefused(f"weight: must be a whole number from 1 to {MAX_WEIGHT}, "
+                                   f"got {clean(repr(weight), 40)}")
+        before = _weight_of(tenant)
+        store.tenant_weight_set(tenant, weight, now or store.db_now(),
+                                Actor.of(actor).username)
+        return _weight_of(tenant), f"weight {before.weight} -> {weight}"
+
+    return act(SET_WEIGHT, TENANT, tenant_id, actor, parse, attempt, scope=scope)
+
+
+def _weight_of(tenant: str) -> store.TenantWeightRow:
+    found = store.tenant_weights(of_tenant=tenant)
+    return found[0] if found else store.TenantWeightRow(tenant, 1, None, "")
 
 
 # -- flows --------------------------------------------------------------------------------

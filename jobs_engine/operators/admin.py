@@ -53,7 +53,7 @@ from jobs_engine.operators.admin_base import (
 )
 from jobs_engine.policies import DEFAULT_POLICY, RUN_ONCE_POLICY
 from jobs_engine.states import JobStatus, Lane
-from jobs_engine.tenancy import PLATFORM, Scope, scoped, tenant_of
+from jobs_engine.tenancy import PLATFORM, Scope, is_platform, scoped, tenant_of
 
 if TYPE_CHECKING:  # names of the type checker's only (django-stubs)
     from django.contrib.admin.filters import _ListFilterChoices
@@ -463,28 +463,81 @@ def target_rows(scope: Scope = PLATFORM) -> list[dict[str, Any]]:
     return rows
 
 
+def pause_state(pause: store.PauseRow | None, now: datetime) -> str:
+    """A target's pause as the targets' page shows it (the reason is the pauses' page's)."""
+    if pause is None:
+        return ""
+    if pause.by_hand:
+        return "paused by hand, until resumed"
+    if pause.paused_until > now:
+        return f"paused (unreachable), next probe {age(pause.paused_until, now)}"
+    return "paused (unreachable), probe due"
+
+
 @admin.register(RegisteredTarget)
 class RegisteredTargetAdmin(ManagedAdmin[RegisteredTarget]):
     """The targets this process registers and their policies: read from the registry,
     not from a table, so the page shows what the code declares (the jobs kept: the
-    user's tenant's)."""
+    user's tenant's). To the platform operator also each target's pause, and to one with
+    ``jobs_engine.manage_jobs`` the buttons that pause a target by hand and resume it
+    (``actions.pause_target``, ``actions.resume_target``): a pause holds every tenant's
+    jobs, so it is the platform operator's alone."""
 
     tenant_field = None
 
     def get_urls(self) -> list[URLPattern]:
+        def act(action: str) -> Callable[..., HttpResponse]:
+            return self.admin_site.admin_view(require_POST(
+                lambda request, object_id: self.pause_or_resume(request, object_id, action)))
+
         return [path("", self.admin_site.admin_view(require_GET(self.changelist_view)),
-                     name="jobs_engine_registeredtarget_changelist")]
+                     name="jobs_engine_registeredtarget_changelist"),
+                *[path(f"<path:object_id>/{action}/", act(action),
+                       name=f"jobs_engine_registeredtarget_{action}")
+                  for action in ("pause", "resume")]]
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None
                         ) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
+        rows = target_rows(tenant_of(request))
+        platform = is_platform(request)
+        if platform:
+            now = timezone.now()
+            pauses = {pause.target: pause for pause in store.pauses_all()}
+            known = {row["name"] for row in rows}
+            rows += [{"name": name, "done": 0, "dead": 0, "registered": False}
+                     for name in sorted(pauses.keys() - known)]
+            for row in rows:
+                pause = pauses.get(row["name"])
+                row["pause"] = pause_state(pause, now)
+                row["paused_by_hand"] = pause is not None and pause.by_hand
         context = {**self.admin_site.each_context(request), "opts": self.model._meta,
-                   "title": "Targets and their policies",
-                   "rows": target_rows(tenant_of(request)),
+                   "title": "Targets and their policies", "rows": rows,
+                   "platform": platform, "can_pause": platform and can_manage(request),
                    **(extra_context or {})}
         return TemplateResponse(request, "admin/jobs_engine/registeredtarget/change_list.html",
                                 context)
+
+    def pause_or_resume(self, request: HttpRequest, object_id: str, action: str
+                        ) -> HttpResponse:
+        """A button's POST: the action (refused, and audited, for anyone but the platform
+        operator), its message, and back to the list."""
+        if not can_manage(request):
+            raise PermissionDenied
+        try:
+            if action == "pause":
+                actions.pause_target(object_id, request.user, scope=tenant_of(request))
+                done = f"Target {object_id} paused by hand: no worker sends its jobs until " \
+                       "it is resumed."
+            else:
+                actions.resume_target(object_id, request.user, scope=tenant_of(request))
+                done = f"Target {object_id} resumed: workers send its jobs again."
+        except OperationRefused as exc:
+            self.message_user(request, f"Not done: {exc.message}", messages.ERROR)
+        else:
+            self.message_user(request, done, messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:jobs_engine_registeredtarget_changelist"))
 
 
 # -- partitions, workers, paused targets ---------------------------------------------------
@@ -565,6 +618,8 @@ class TargetPauseAdmin(ManagedAdmin[TargetPause]):
 
     @admin.display(description="state")
     def state(self, obj: TargetPause) -> str:
+        if obj.paused_until >= store.HAND_PAUSE_UNTIL:
+            return "paused by hand, until resumed"
         if obj.paused_until > timezone.now():
             return f"paused, next probe {age(obj.paused_until, timezone.now())}"
         return "probe due"

@@ -2,8 +2,9 @@
 
 Read from the database at each scrape, so every worker and web pod reports the same
 cluster-wide numbers: backlog per lane, how overdue the oldest due row is, DEAD and
-RUNNING rows, completed jobs kept per target, live workers, paused targets, and runs per
-target and outcome from the hourly statistics (summed over the hours kept).
+RUNNING rows, completed jobs kept per target, live workers, paused targets, runs per
+target and outcome from the hourly statistics (summed over the hours kept), and for the
+targets with limits the times their limits held a job back and their rows running.
 
 Counts only, never payloads; still, they tell an outsider how busy the system is and which
 targets exist, so the page is closed by default: a scraper sends
@@ -22,7 +23,7 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
-from jobs_engine import store
+from jobs_engine import registry, store
 from jobs_engine.conf import jobs_settings
 from jobs_engine.models import MANAGE_PERMISSION
 from jobs_engine.states import JobStatus, Lane
@@ -82,17 +83,35 @@ class JobsCollector:
         yield outages
         yield lasted
         paused = GaugeMetricFamily("jobs_target_paused",
-                                   "1 while a target is paused (unreachable or disabled).",
+                                   "1 while a target is paused (unreachable, disabled or by hand).",
                                    labels=["target"])
         for pause in store.pauses_all():
             paused.add_metric([pause.target], 1)
         yield paused
         runs = CounterMetricFamily("jobs_runs", "Job runs by target and outcome (ok, retried, "
-                                   "paused, dead), from the hourly statistics.",
+                                   "paused, dead, throttled), from the hourly statistics.",
                                    labels=["target", "outcome"])
         for target, outcome, count in store.job_stats_totals():
             runs.add_metric([target, outcome], count)
         yield runs
+        # The targets with limits: those this process registers (0 before their first
+        # admission), and those the buckets and running rows name.
+        limited = {t.name for t in registry.all_targets() if t.limits}
+        held = store.limits_throttled_by_target()
+        running = store.limits_running_by_target()
+        throttled = CounterMetricFamily(
+            "jobs_throttled", "Times a target's limits held a due job back (a slot or a "
+            "token missing, or a RateLimited answer), summed over its limits' keys.",
+            labels=["target"])
+        for target in sorted(limited | held.keys()):
+            throttled.add_metric([target], held.get(target, 0))
+        yield throttled
+        limited_running = GaugeMetricFamily(
+            "jobs_limited_running", "Rows RUNNING now of each target with limits.",
+            labels=["target"])
+        for target in sorted(limited | held.keys() | running.keys()):
+            limited_running.add_metric([target], running.get(target, 0))
+        yield limited_running
 
 
 def render(now: datetime | None = None) -> bytes:

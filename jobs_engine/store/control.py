@@ -15,7 +15,8 @@ from typing import Any
 from django.db import transaction
 
 from jobs_engine import states
-from jobs_engine.models import JobStatShard
+from jobs_engine.limits import Limit
+from jobs_engine.models import JobStatShard, TenantWeight
 from jobs_engine.states import DEAD, DELETED, DONE, PENDING, RUNNING, Lane
 from jobs_engine.store.connection import (
     execute,
@@ -30,6 +31,8 @@ from jobs_engine.store.dialect import (
     skip_locked,
     writable_ctes,
 )
+from jobs_engine.store.leases import HAND_PAUSE_UNTIL, PauseRow
+from jobs_engine.store.limits import LIMIT_BUCKETS, LIMIT_OVERRIDES, _effective
 from jobs_engine.store.rows import (
     CLOSED_COLUMNS,
     DONE_JOBS,
@@ -40,6 +43,7 @@ from jobs_engine.store.rows import (
     JOB_STAT_SHARDS,
     JOBS,
     PARTITIONS,
+    PAUSES,
     WORKERS,
     ClosedJob,
     closed_jobs,
@@ -54,7 +58,9 @@ __all__ = [
     "UNHANDLED",
     "JobOwner",
     "JobState",
+    "LimitOverrideRow",
     "RemovedJob",
+    "TenantWeightRow",
     "dead_counts",
     "dead_prune_beyond",
     "dead_targets",
@@ -78,7 +84,18 @@ __all__ = [
     "jobs_delete_dead_closed_before",
     "jobs_pending_by_lane",
     "jobs_release_key_held_by",
+    "limit_in_force",
+    "limit_override_clear",
+    "limit_override_of",
+    "limit_override_set",
+    "limits_running_by_target",
+    "limits_throttled_by_target",
+    "pause_by_hand",
+    "pause_of",
+    "pause_resume",
     "pending_targets",
+    "tenant_weight_set",
+    "tenant_weights",
     "workers_outages",
 ]
 
@@ -438,3 +455,133 @@ def workers_outages() -> list[tuple[str, int, float]]:
     """(worker id, database outages ridden out, seconds the last one lasted) per worker."""
     return [(w, int(n), float(s)) for w, n, s in fetch(
         f"SELECT worker_id, db_outages, last_db_outage_s FROM {WORKERS} ORDER BY worker_id")]
+
+
+# -- the platform's settings: limits, tenants' weights, pauses by hand ---------------------
+
+TENANT_WEIGHTS = TenantWeight._meta.db_table
+
+
+@dataclass(frozen=True)
+class LimitOverrideRow:
+    """An operator's values for a declared limit (None: the declared one's), and who set
+    them when."""
+
+    target: str
+    name: str
+    slots: int | None
+    starts: int | None
+    period_s: float | None
+    burst: int | None
+    updated_at: datetime
+    updated_by: str
+
+    @property
+    def values(self) -> tuple[int | None, int | None, float | None, int | None]:
+        return self.slots, self.starts, self.period_s, self.burst
+
+
+def limit_in_force(declared: Limit, override: LimitOverrideRow | None) -> Limit:
+    """``declared`` with ``override`` applied, as every admission reads it."""
+    return declared if override is None else _effective(declared, override.values)
+
+
+def limit_override_of(target: str, name: str) -> LimitOverrideRow | None:
+    """The override of ``target``'s limit ``name``, if an operator set one."""
+    rows = fetch(f"SELECT target, name, slots, starts, period_s, burst, updated_at, "
+                 f"updated_by FROM {LIMIT_OVERRIDES} WHERE target = %s AND name = %s",
+                 [target, name])
+    if not rows:
+        return None
+    target, name, slots, starts, period_s, burst, updated_at, updated_by = rows[0]
+    return LimitOverrideRow(target, name, slots, starts, period_s, burst,
+                            read_dt(updated_at), updated_by)  # type: ignore[arg-type]  # NOT NULL
+
+
+def limit_override_set(target: str, name: str, *, slots: int | None, starts: int | None,
+                       period_s: float | None, burst: int | None, now: datetime,
+                       by: str) -> None:
+    """Put these values in force for ``target``'s limit ``name`` (those left None: the
+    declared ones), replacing an earlier override; the workers read it at their next
+    admission. The caller has checked the values against the declared limit."""
+    execute(f"INSERT INTO {LIMIT_OVERRIDES} (target, name, slots, starts, period_s, burst, "
+            "updated_at, updated_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT (target, name) DO UPDATE SET slots = excluded.slots, "
+            "starts = excluded.starts, period_s = excluded.period_s, burst = excluded.burst, "
+            "updated_at = excluded.updated_at, updated_by = excluded.updated_by",
+            [target, name, slots, starts, period_s, burst, dt(now), by])
+
+
+def limit_override_clear(target: str, name: str) -> int:
+    """Back to the declared values of ``target``'s limit ``name``; the overrides removed."""
+    return execute(f"DELETE FROM {LIMIT_OVERRIDES} WHERE target = %s AND name = %s",
+                   [target, name])
+
+
+def limits_throttled_by_target() -> dict[str, int]:
+    """target → the times its limits held a due job back (its buckets' counts summed)."""
+    return {t: int(n) for t, n in fetch(
+        f"SELECT target, SUM(throttled) FROM {LIMIT_BUCKETS} GROUP BY target")}
+
+
+def limits_running_by_target() -> dict[str, int]:
+    """target → its limited rows RUNNING now (index ``jobs_limited_running``, entries of
+    RUNNING rows with a limit key only)."""
+    return {t: int(n) for t, n in fetch(
+        f"SELECT target, COUNT(*) FROM {JOBS} WHERE status = %s AND limit_key IS NOT NULL "
+        "GROUP BY target", [RUNNING.value])}
+
+
+@dataclass(frozen=True)
+class TenantWeightRow:
+    tenant_id: str
+    weight: int
+    updated_at: datetime | None  # None: no row, the default weight
+    updated_by: str
+
+
+def tenant_weights(of_tenant: str | None = None) -> list[TenantWeightRow]:
+    """The weights operators set (a tenant without a row weighs 1), by tenant id; with
+    ``of_tenant``, that tenant's only."""
+    where, params = ("WHERE tenant_id = %s", [of_tenant]) if of_tenant is not None else ("", [])
+    return [TenantWeightRow(t, int(w), read_dt(at), by) for t, w, at, by in fetch(
+        f"SELECT tenant_id, weight, updated_at, updated_by FROM {TENANT_WEIGHTS} {where} "
+        "ORDER BY tenant_id", params)]
+
+
+def tenant_weight_set(tenant_id: str, weight: int, now: datetime, by: str) -> None:
+    """``tenant_id``'s weight in the long lane's fair shares from the next reserve on; 1,
+    the default, removes its row. The caller has checked both."""
+    if weight == 1:
+        execute(f"DELETE FROM {TENANT_WEIGHTS} WHERE tenant_id = %s", [tenant_id])
+        return
+    execute(f"INSERT INTO {TENANT_WEIGHTS} (tenant_id, weight, updated_at, updated_by) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (tenant_id) DO UPDATE SET "
+            "weight = excluded.weight, updated_at = excluded.updated_at, "
+            "updated_by = excluded.updated_by", [tenant_id, weight, dt(now), by])
+
+
+def pause_of(target: str) -> PauseRow | None:
+    """``target``'s pause, the breaker's or an operator's, if it has one."""
+    rows = fetch(f"SELECT target, paused_until, reason FROM {PAUSES} WHERE target = %s",
+                 [target])
+    return PauseRow(rows[0][0], read_dt(rows[0][1]), rows[0][2]) if rows else None  # type: ignore[arg-type]  # NOT NULL
+
+
+def pause_by_hand(target: str, now: datetime, reason: str) -> bool:
+    """Pause ``target`` until an operator resumes it (``pause_resume``): no worker sends
+    its rows, none probes it, and the breaker's statements leave the pause as it is. Over
+    the breaker's pause it replaces it (its probe, if one is out, no longer ends it).
+    False when the target was paused by hand already (nothing changed)."""
+    return execute(
+        f"INSERT INTO {PAUSES} AS p (target, paused_until, reason, paused_at, probe_by) "
+        "VALUES (%s, %s, %s, %s, NULL) ON CONFLICT (target) DO UPDATE SET "
+        "paused_until = excluded.paused_until, reason = excluded.reason, "
+        "paused_at = excluded.paused_at, probe_by = NULL WHERE p.paused_until < %s",
+        [target, dt(HAND_PAUSE_UNTIL), reason, dt(now), dt(HAND_PAUSE_UNTIL)]) == 1
+
+
+def pause_resume(target: str) -> int:
+    """An operator's resume: ``target``'s pause ends, the breaker's or a pause by hand;
+    workers send its rows again at their next poll."""
+    return execute(f"DELETE FROM {PAUSES} WHERE target = %s", [target])

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from jobs_engine.states import DeliveryMode
@@ -50,6 +50,7 @@ from jobs_engine.store.rows import (
 
 
 __all__ = [
+    "HAND_PAUSE_UNTIL",
     "OutageRecord",
     "PauseRow",
     "TakenPartition",
@@ -250,12 +251,24 @@ def inflight_close_after_takeover(taken: TakenPartition, now: datetime,
 
 # -- shared pause state -------------------------------------------------------------------
 
+# The ``paused_until`` of a pause an operator made by hand (``store.pause_by_hand``): far
+# past any probe, so no worker ever claims a probe of it, and what tells it from the
+# breaker's pause. The breaker's statements below never touch one; only an operator's
+# resume (``store.pause_resume``) ends it. Year 9999, not its end: a page that shows it in
+# a time zone east of UTC must not pass the last year a datetime holds.
+HAND_PAUSE_UNTIL = datetime(9999, 1, 1, tzinfo=UTC)
+
 
 @dataclass(frozen=True)
 class PauseRow:
     target: str
     paused_until: datetime
     reason: str
+
+    @property
+    def by_hand(self) -> bool:
+        """Whether an operator paused the target (no probe; only a resume ends it)."""
+        return self.paused_until >= HAND_PAUSE_UNTIL
 
 
 def pauses_all() -> list[PauseRow]:
@@ -267,16 +280,17 @@ def pauses_all() -> list[PauseRow]:
 
 
 def pause_set(target: str, now: datetime, probe_s: float, reason: str) -> None:
-    """Pause ``target`` until ``now + probe_s`` (insert or extend).
+    """Pause ``target`` until ``now + probe_s`` (insert or extend); a pause by hand stays
+    as the operator made it.
 
     Index: the primary key."""
     execute(
-        f"INSERT INTO {PAUSES} (target, paused_until, reason, paused_at, probe_by) "
+        f"INSERT INTO {PAUSES} AS p (target, paused_until, reason, paused_at, probe_by) "
         "VALUES (%(target)s, %(until)s, %(reason)s, %(now)s, NULL) ON CONFLICT (target) "
         "DO UPDATE SET paused_until = excluded.paused_until, reason = excluded.reason, "
-        "probe_by = NULL",
+        "probe_by = NULL WHERE p.paused_until < %(hand)s",
         {"target": target, "until": dt(now + timedelta(seconds=probe_s)),
-         "reason": cut_error(reason), "now": dt(now)},
+         "reason": cut_error(reason), "now": dt(now), "hand": dt(HAND_PAUSE_UNTIL)},
     )
 
 
@@ -284,7 +298,8 @@ def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) ->
     """Win the right to send one probe row of a paused target whose pause ran out.
 
     Index: the primary key. The guard on the old ``paused_until`` makes the probe
-    cluster-wide: one worker wins per ``PROBE_S``, the rest keep skipping the target.
+    cluster-wide: one worker wins per ``PROBE_S``, the rest keep skipping the target. A
+    pause by hand never runs out, so it is never probed.
     """
     return execute(
         f"UPDATE {PAUSES} SET paused_until = %(until)s, probe_by = %(owner)s "
@@ -295,10 +310,14 @@ def pause_claim_probe(target: str, owner: str, now: datetime, probe_s: float) ->
 
 
 def pause_clear(target: str) -> int:
-    """Resume ``target`` (its probe was delivered, or an operator resumed it).
+    """Resume ``target`` after its probe was delivered. A pause an operator made by hand
+    meanwhile (over the breaker's, while its probe was out) stays: only an operator's
+    resume (``store.pause_resume``) ends it.
 
     Index: the primary key."""
-    return execute(f"DELETE FROM {PAUSES} WHERE target = %(target)s", {"target": target})
+    return execute(f"DELETE FROM {PAUSES} WHERE target = %(target)s "
+                   "AND paused_until < %(hand)s",
+                   {"target": target, "hand": dt(HAND_PAUSE_UNTIL)})
 
 
 # -- in-flight marks ----------------------------------------------------------------------

@@ -4,10 +4,12 @@ users: anonymous, a staff user with Django's view permission on every one of tho
 (a viewer), and a staff user with ``jobs_engine.manage_jobs`` (a manager).
 
 Admin: anonymous → the login page; the viewer → 200 on lists and detail pages without the
-private text (payload, headers, actor, last error, pause reason: their secret marker is not
-in the HTML) and 403 on every action; the manager → 200 with the text, and the actions
-work. API: anonymous → 401, the viewer → 403, the manager → 200; on every route a
-malformed id is 404 (and touches no row), an unknown query parameter or body field is 400.
+private text (payload, headers, actor, last error, pause reason, a limit's key taken from a
+payload: their secret marker is not in the HTML) and 403 on every action; the manager →
+200 with the text, and the actions work. Every URL the engine's admins add is exercised
+here or named with the file that does. API: anonymous → 401, the viewer → 403, the manager
+→ 200; on every route a malformed id is 404 (and touches no row), an unknown query
+parameter or body field is 400.
 """
 
 from __future__ import annotations
@@ -19,21 +21,26 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth.models import Permission, User
 from django.test import Client
-from django.urls import reverse
+from django.urls import URLPattern, resolve, reverse
 from django.utils import timezone
 
 from jobs_engine import flows
 from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.limits import Concurrency, Rate, per_field
 from jobs_engine.models import (
     AuditRecord,
     CompletedJob,
     Flow,
     Job,
     JobStatShard,
+    LimitBucket,
+    LimitOverride,
     Partition,
     TargetPause,
+    TenantWeight,
     Worker,
 )
 from jobs_engine.operators.actions import audit
@@ -66,12 +73,22 @@ class Rows:
     schedule: Schedule
     failed_flow: Flow  # for a read and a retry
     running_flow: Flow  # for a cancel
+    bucket: LimitBucket  # a key of a limit per payload field: it holds SECRET
+
+
+LIMITED = "access.lim"  # limits: "concurrency" (overridden) and one per payload field
+FIELD_LIMIT = "rate/payload.mail"
 
 
 @pytest.fixture
 def rows(targets: Any) -> Iterator[Rows]:
     targets("access.t")
+    targets(LIMITED, lane="long",
+            limits=[Concurrency(2), Rate(5, period_s=60, per=per_field("mail"))])
     now = timezone.now()
+    bucket = LimitBucket.objects.create(target=LIMITED, name=FIELD_LIMIT,
+                                        key=f"{SECRET}-key", used_at=now)
+    LimitOverride.objects.create(target=LIMITED, name="concurrency", slots=4, updated_at=now)
     job = make_job("access.t", status=JobStatus.DEAD, payload={"mail": f"{SECRET}-payload"},
                    headers={"h": f"{SECRET}-headers"}, last_error=f"{SECRET}-error",
                    actor={"user": f"{SECRET}-actor"})
@@ -99,7 +116,7 @@ def rows(targets: Any) -> Iterator[Rows]:
     flows.define(DEFINED_FLOW, lambda value: flows.ChainSpec([flows.Step("a", value)]), "")
     with declared_schedule("access_sched") as schedule:
         yield Rows(job, dead, pending, completed, pause, partition, worker, stat, record,
-                   schedule, failed_flow, running_flow)
+                   schedule, failed_flow, running_flow, bucket)
     flows._definitions.pop(DEFINED_FLOW, None)
 
 
@@ -138,10 +155,13 @@ MODELS: dict[str, Callable[[Rows], Any]] = {
 SHOWN = {("jobs_engine_job", "change"): ["payload", "headers", "actor", "error"],
          ("jobs_engine_completedjob", "change"): ["payload", "headers", "actor", "result"],
          ("jobs_engine_targetpause", "changelist"): ["reason"],
-         ("jobs_engine_targetpause", "change"): ["reason"]}
+         ("jobs_engine_targetpause", "change"): ["reason"],
+         ("jobs_engine_targetlimit", "changelist"): ["key"]}
 PAGES = [(model, page) for model in MODELS for page in ("changelist", "change", "history")]
-# One page each: the registry's targets, and the statistics summed over their buckets.
-PAGES += [("jobs_engine_registeredtarget", "changelist"), ("jobs_engine_jobstat", "changelist")]
+# One page each: the registry's targets, the statistics summed over their buckets, and the
+# limits of the registry's targets with their buckets.
+PAGES += [("jobs_engine_registeredtarget", "changelist"), ("jobs_engine_jobstat", "changelist"),
+          ("jobs_engine_targetlimit", "changelist")]
 
 
 def page_url(rows: Rows, model: str, page: str) -> str:
@@ -202,6 +222,15 @@ def _job_button(action: str) -> Action:
     return make
 
 
+def _form(url_name: str, page: str, args: list[Any] | None = None, **data: Any) -> Action:
+    """A form of a page that is no list of rows (a limit's override, a tenant's weight, a
+    target's pause): offered as a form posting to its URL."""
+    def make(rows: Rows) -> tuple[str, dict[str, Any], str, str]:
+        url = reverse(f"admin:{url_name}", args=args)
+        return url, data, reverse(f"admin:{page}_changelist"), f'action="{url}"'
+    return make
+
+
 def _bulk(model: str, action: str, **extra: Any) -> Action:
     def make(rows: Rows) -> tuple[str, dict[str, Any], str, str]:
         selected = {"jobs_engine_job": [rows.job.pk, rows.dead.pk, rows.pending.pk],
@@ -228,6 +257,16 @@ ACTIONS = {
                                    cron_override="*/5 * * * *", apply="Set override"),
     "schedule clear override": _bulk("jobs_engine_schedules_schedule", "clear_override"),
     "schedule run now": _bulk("jobs_engine_schedules_schedule", "run_now_selected"),
+    "limit override": _form("jobs_engine_targetlimit_override", "jobs_engine_targetlimit",
+                            target=LIMITED, name="concurrency", slots="3"),
+    "limit clear override": _form("jobs_engine_targetlimit_clear", "jobs_engine_targetlimit",
+                                  target=LIMITED, name="concurrency"),
+    "tenant weight": _form("jobs_engine_targetlimit_weight", "jobs_engine_targetlimit",
+                           tenant_id="acme", weight="3"),
+    "target pause by hand": _form("jobs_engine_registeredtarget_pause",
+                                  "jobs_engine_registeredtarget", ["access.t"]),
+    "target resume": _form("jobs_engine_registeredtarget_resume",
+                           "jobs_engine_registeredtarget", ["access.t"]),
     "job change form": lambda rows: (page_url(rows, "jobs_engine_job", "change"),
                                      {"status": "PENDING", "payload": "{}"},
                                      page_url(rows, "jobs_engine_job", "change"), "_save"),
@@ -236,8 +275,11 @@ ACTIONS = {
 
 def snapshot(rows: Rows) -> tuple[Any, ...]:
     return (sorted(Job.objects.values_list("id", "status", "attempts")),
-            list(TargetPause.objects.values_list("target", flat=True)),
+            sorted(TargetPause.objects.values_list("target", "paused_until", "reason")),
             state(rows.schedule.code), sorted(Flow.objects.values_list("id", "state")),
+            sorted(LimitOverride.objects.values_list("target", "name", "slots", "starts",
+                                                     "period_s", "burst")),
+            sorted(TenantWeight.objects.values_list("tenant_id", "weight")),
             AuditRecord.objects.count())  # last: the admin actions' test reads it
 
 
@@ -264,6 +306,41 @@ def test_admin_action(rows: Rows, action: str) -> None:
     else:
         assert response.status_code == 302, action
         assert AuditRecord.objects.count() > before[-1], action  # done (or refused), audited
+        if action in FORMS_DONE:  # and done: the change is in the tables
+            assert snapshot(rows) != before and AuditRecord.objects.latest("id").result == "ok"
+
+
+FORMS_DONE = {"limit override", "limit clear override", "tenant weight",
+              "target pause by hand", "target resume"}
+
+
+def engine_admins() -> dict[str, Any]:
+    return {f"{model._meta.app_label}_{model._meta.model_name}": model_admin
+            for model, model_admin in admin.site._registry.items()
+            if model._meta.app_label in ("jobs_engine", "jobs_engine_schedules")}
+
+
+DJANGOS_OWN = ("add", "delete")  # refused on every engine page (nothing is added or deleted)
+# URLs of the engine's admins exercised by another file, with its name.
+ELSEWHERE = {"jobs_engine_flow_changelist": "test_flows_admin.py",
+             "jobs_engine_flow_change": "test_flows_admin.py",
+             "jobs_engine_flow_history": "test_flows_admin.py",
+             "jobs_engine_flow_start": "test_flows_admin.py",
+             "jobs_engine_flow_retry": "test_flows_admin.py",
+             "jobs_engine_flow_cancel": "test_flows_admin.py"}
+
+
+def test_every_url_of_the_engines_admins_is_exercised(rows: Rows) -> None:
+    """A page or action the admins add is in ``PAGES`` or ``ACTIONS`` above (or named in
+    ``ELSEWHERE``): a new URL that this file cannot exercise fails here."""
+    names = {pattern.name for model_admin in engine_admins().values()
+             for pattern in model_admin.get_urls()
+             if isinstance(pattern, URLPattern) and pattern.name}
+    exercised = {f"{model}_{page}" for model, page in PAGES}
+    exercised |= {resolve(make(rows)[0]).url_name for make in ACTIONS.values()}
+    left = {name for name in names - exercised - ELSEWHERE.keys()
+            if not name.endswith(tuple(f"_{own}" for own in DJANGOS_OWN))}
+    assert not left, f"exercise these admin URLs in this file: {sorted(left)}"
 
 
 # -- API routes ------------------------------------------------------------------------------
@@ -279,7 +356,9 @@ def routes() -> list[tuple[str, str]]:
 
 ROUTES = routes()
 BODIES = {("PUT", f"{API}/schedules/{{code}}/cron_override"): {"cron_override": "*/5 * * * *"},
-          ("POST", f"{API}/job-flows/definitions/{{name}}/start"): {"input": 1}}
+          ("POST", f"{API}/job-flows/definitions/{{name}}/start"): {"input": 1},
+          ("PUT", f"{API}/limits/{{target}}/{{name}}"): {"slots": 3},
+          ("PUT", f"{API}/tenant-weights/{{tenant_id}}"): {"weight": 3}}
 DEFINED_FLOW = "access-defined"
 
 
@@ -290,9 +369,14 @@ def fill(rows: Rows, method: str, path: str, row_id: str | None = None) -> str:
     action = path.rsplit("/", 1)[-1]
     job = {"skip": rows.dead, "cancel": rows.pending}.get(action, rows.job)
     flow = rows.running_flow if action == "cancel" else rows.failed_flow
+    if path.startswith(f"{API}/limits/"):  # the limit of slots, overridden
+        return path.replace("{target}", LIMITED).replace("{name}", "concurrency")
+    if path.startswith(f"{API}/targets/"):  # the target paused (by the breaker)
+        return path.replace("{name}", rows.pause.target)
     return (path.replace("{job_id}", row_id or str(job.pk))
             .replace("{flow_id}", row_id or str(flow.pk))
-            .replace("{code}", rows.schedule.code).replace("{name}", DEFINED_FLOW))
+            .replace("{code}", rows.schedule.code).replace("{name}", DEFINED_FLOW)
+            .replace("{tenant_id}", "acme"))
 
 
 def refused(method: str, path: str) -> tuple[str, str]:

@@ -284,16 +284,19 @@ def test_bulk_actions_are_not_offered_without_the_permission(targets: Any) -> No
 def engine_admins() -> list[tuple[str, Any]]:
     """Every admin page over table rows of the engine's and the schedules' models (the
     targets' page reads the registry: test_completed_jobs_operators.py; the statistics
-    page sums buckets: test_statistics_page_charts_the_last_48_hours)."""
+    page sums buckets: test_statistics_page_charts_the_last_48_hours; the limits' page
+    reads the registry and the buckets: test_limits_operators.py)."""
     from django.contrib import admin
 
     from jobs_engine.operators.admin import JobStatAdmin, RegisteredTargetAdmin
     from jobs_engine.operators.admin_base import ManagedAdmin
+    from jobs_engine.operators.limits_admin import TargetLimitAdmin
 
+    pages = RegisteredTargetAdmin | JobStatAdmin | TargetLimitAdmin
     return sorted(((f"{model._meta.app_label}_{model._meta.model_name}", model_admin)
                    for model, model_admin in admin.site._registry.items()
                    if isinstance(model_admin, ManagedAdmin)
-                   and not isinstance(model_admin, RegisteredTargetAdmin | JobStatAdmin)),
+                   and not isinstance(model_admin, pages)),
                   key=lambda item: item[0])
 
 

@@ -1,7 +1,8 @@
 """Schemathesis against the API's own OpenAPI schema, in-process through Django's WSGI
 application, logged in as an engine manager: generated valid (positive) and invalid
-(negative) requests to every route (jobs and schedules), and schemathesis's coverage cases
-(boundary values, missing, unknown and malformed parameters and bodies) in both modes.
+(negative) requests to every route (jobs, schedules, flows, limits), and schemathesis's
+coverage cases (boundary values, missing, unknown and malformed parameters and bodies) in
+both modes.
 
 No request gets a 5xx, no invalid request is accepted (schemathesis's
 ``negative_data_rejection`` check: a request it made invalid must get 400, 404, 405 or
@@ -32,6 +33,7 @@ from schemathesis import GenerationMode
 from schemathesis.schemas import BaseSchema
 
 from jobs_engine import flows
+from jobs_engine.limits import PER_TENANT, Concurrency, Rate
 from jobs_engine.models import Flow, FlowStep
 from jobs_engine.operators.api import api
 from jobs_engine.states import FlowState, JobStatus, StepState
@@ -46,7 +48,10 @@ EXAMPLES_PER_OPERATION = 20  # fuzzed cases per operation and generation mode: ~
 # method the route lacks (405). Never a 2xx, nor a 409: that would mean it was acted on.
 REJECTED = ["400", "404", "405", "413"]
 BODY_FIELDS = {"PUT /jobs/api/v1/schedules/{code}/cron_override": {"cron_override"},
-               "POST /jobs/api/v1/job-flows/definitions/{name}/start": {"input"}}
+               "POST /jobs/api/v1/job-flows/definitions/{name}/start": {"input"},
+               "PUT /jobs/api/v1/limits/{target}/{name}": {"slots", "starts", "period_s",
+                                                           "burst"},
+               "PUT /jobs/api/v1/tenant-weights/{tenant_id}": {"weight"}}
 UNKNOWN_FIELD = "unknown field"  # a JSON body with a field its route does not declare
 EVERY_OPERATION = {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
                    "POST /jobs/api/v1/jobs/{job_id}/retry",
@@ -62,10 +67,18 @@ EVERY_OPERATION = {"GET /jobs/api/v1/jobs", "GET /jobs/api/v1/jobs/{job_id}",
                    "GET /jobs/api/v1/job-flows/{flow_id}",
                    "POST /jobs/api/v1/job-flows/definitions/{name}/start",
                    "POST /jobs/api/v1/job-flows/{flow_id}/retry",
-                   "POST /jobs/api/v1/job-flows/{flow_id}/cancel"}
+                   "POST /jobs/api/v1/job-flows/{flow_id}/cancel",
+                   "GET /jobs/api/v1/limits", "PUT /jobs/api/v1/limits/{target}/{name}",
+                   "DELETE /jobs/api/v1/limits/{target}/{name}",
+                   "GET /jobs/api/v1/tenant-weights",
+                   "PUT /jobs/api/v1/tenant-weights/{tenant_id}",
+                   "POST /jobs/api/v1/targets/{name}/pause",
+                   "POST /jobs/api/v1/targets/{name}/resume"}
 # Operations that take no parameter at all: there is no invalid request of them to make.
-NO_PARAMETERS = {"GET /jobs/api/v1/schedules", "GET /jobs/api/v1/job-flows/definitions"}
+NO_PARAMETERS = {"GET /jobs/api/v1/schedules", "GET /jobs/api/v1/job-flows/definitions",
+                 "GET /jobs/api/v1/tenant-weights"}
 DEFINED_FLOW = "schema-flow"
+LIMITED = "schema.lim"  # limits "concurrency" and "rate/tenant" (its name holds a slash)
 
 
 @dataclass(frozen=True)
@@ -107,6 +120,7 @@ def real(targets: Any) -> Iterator[Real]:
     """Rows for the generated requests to find: generated ids and codes name none."""
     targets("schema.target")
     targets("schema.long", lane="long")
+    targets(LIMITED, lane="long", limits=[Concurrency(2), Rate(5, period_s=60, per=PER_TENANT)])
     jobs = [make_job("schema.target", status=status, key="k")
             for status in (JobStatus.DEAD, JobStatus.DEAD, JobStatus.PENDING)]
     jobs.append(make_job("schema.long", status=JobStatus.RUNNING, started_at=timezone.now()))
@@ -174,8 +188,14 @@ def check(case: Any, session: Session, real: Real, pick: int, spelling: str,
     near_miss = False
     if pick % 2 and "code" in params:
         params["code"] = real.code
-    if pick % 2 and "name" in params:
-        params["name"] = DEFINED_FLOW
+    path = case.operation.path
+    if pick % 2 and "name" in params:  # a defined flow, a limit, or a target
+        params["name"] = ((("concurrency", "rate/tenant")[pick // 2 % 2])
+                          if path.startswith("/jobs/api/v1/limits/")
+                          else LIMITED if path.startswith("/jobs/api/v1/targets/")
+                          else DEFINED_FLOW)
+    if pick % 2 and "target" in params:
+        params["target"] = LIMITED
     # A read names the row no action removes: an earlier case may have skipped the others.
     job_ids = real.job_ids[-1:] if case.method == "GET" else real.job_ids
     for param, ids in (("job_id", job_ids), ("flow_id", real.flow_ids)):
@@ -237,10 +257,16 @@ def test_generated_requests(mode: GenerationMode, session: Session, real: Real) 
         assert 200 in seen["GET /jobs/api/v1/schedules"], seen
         assert 200 in seen["POST /jobs/api/v1/schedules/{code}/disable"], seen  # the real code
         assert 200 in seen["GET /jobs/api/v1/jobs/{job_id}"], seen  # a real id
+        assert 200 in seen["GET /jobs/api/v1/limits"], seen
+        assert 200 in seen["POST /jobs/api/v1/targets/{name}/pause"], seen  # a real target
+        assert 200 in seen["PUT /jobs/api/v1/limits/{target}/{name}"], seen  # a real limit
+        assert 200 in seen["PUT /jobs/api/v1/tenant-weights/{tenant_id}"], seen
     else:
         assert 400 in seen["GET /jobs/api/v1/jobs"], seen
         assert 404 in seen["POST /jobs/api/v1/jobs/{job_id}/retry"], seen
         assert 400 in seen["PUT /jobs/api/v1/schedules/{code}/cron_override"], seen
+        assert 400 in seen["PUT /jobs/api/v1/limits/{target}/{name}"], seen
+        assert 400 in seen["PUT /jobs/api/v1/tenant-weights/{tenant_id}"], seen
     assert seen[NEAR_MISS] == {404}, seen  # a real id spelt otherwise names no row
     assert seen.get(UNKNOWN_FIELD, set()) <= {400, 404}, seen  # 404: and a malformed code
 

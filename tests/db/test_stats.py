@@ -25,7 +25,8 @@ from jobs_engine.lanes.long import LongLane
 from jobs_engine.lanes.pauses import PauseGate
 from jobs_engine.lanes.retention import RetentionCounts, RetentionService
 from jobs_engine.lanes.worker import WorkerProcess
-from jobs_engine.models import Job, JobStatShard
+from jobs_engine.limits import PER_TENANT, Concurrency, Rate
+from jobs_engine.models import Job, JobStatShard, LimitBucket
 from jobs_engine.operators import metrics
 from jobs_engine.states import JobStatus
 from tests.db.operator_helpers import make_job
@@ -281,6 +282,41 @@ def test_metrics_report_backlog_age_dead_and_runs(targets: Any, now: datetime) -
     assert found["jobs_target_paused"] == {(("target", "st.m.fast"),): 1}
     assert found["jobs_runs_total"] == {(("outcome", "dead"), ("target", "st.m.fast")): 1,
                                         (("outcome", "ok"), ("target", "st.m.fast")): 7}
+
+
+def test_metrics_report_each_limited_targets_throttled_starts_and_running_rows(
+        targets: Any, now: datetime) -> None:
+    """``jobs_throttled_total``: its buckets' counts summed; ``jobs_limited_running``: its
+    limited rows RUNNING; 0 for a registered target with limits that did neither; a
+    target without limits has neither series."""
+    targets("st.lim.render", lane="long", limits=[Concurrency(2, per=PER_TENANT)])
+    targets("st.lim.pay", lane="long", limits=[Rate(5, period_s=60)])
+    targets("st.lim.idle", lane="long", limits=[Concurrency(1)])
+    targets("st.free", lane="long")
+    for tenant, held in (("a", 3), ("b", 4)):
+        LimitBucket.objects.create(target="st.lim.render", name="concurrency/tenant",
+                                   key=tenant, throttled=held, used_at=now)
+    LimitBucket.objects.create(target="st.lim.pay", name="rate", key="", throttled=1,
+                               used_at=now)
+    LimitBucket.objects.create(target="st.lim.gone", name="rate", key="", throttled=6,
+                               used_at=now)  # of a target this process does not register
+    for tenant in ("a", "a", "b"):
+        make_job("st.lim.render", status=JobStatus.RUNNING, tenant_id=tenant)
+    make_job("st.lim.render", tenant_id="a")  # PENDING: not running
+    make_job("st.free", status=JobStatus.RUNNING)
+
+    found = families(metrics.render(now).decode())
+
+    assert found["jobs_throttled_total"] == {
+        (("target", "st.lim.gone"),): 6, (("target", "st.lim.idle"),): 0,
+        (("target", "st.lim.pay"),): 1, (("target", "st.lim.render"),): 7}
+    assert found["jobs_limited_running"] == {
+        (("target", "st.lim.gone"),): 0, (("target", "st.lim.idle"),): 0,
+        (("target", "st.lim.pay"),): 0, (("target", "st.lim.render"),): 3}
+    text = metrics.render(now).decode()
+    assert "# TYPE jobs_throttled_total counter" in text
+    assert "# TYPE jobs_limited_running gauge" in text
+    assert 'jobs_limited_running{target="st.lim.render"} 3.0' in text
 
 
 METRICS = "/jobs/metrics"

@@ -8,6 +8,9 @@ exactly what it gets for an id no row has (the same statuses, redirects and mess
 id aside), and nothing changes; A itself gets the object and its actions work. Every list
 shows B its own rows only; a request of no tenant sees nothing; the pages of the whole
 cluster (workers, partitions, target pauses) and ``/metrics`` are the platform operator's.
+The platform's settings (limits' overrides, tenants' weights, pauses by hand) are changed
+by the platform operator only: every tenant, and a request of no tenant, is refused (403)
+and nothing changes; a tenant reads its own keys of limits per tenant and its own weight.
 """
 
 from __future__ import annotations
@@ -29,14 +32,19 @@ from django.utils import timezone
 
 from jobs_engine import flows, store
 from jobs_engine.contrib.schedules.models import Schedule
+from jobs_engine.limits import PER_TENANT, Concurrency
 from jobs_engine.models import (
     AuditRecord,
     CompletedJob,
     Flow,
     FlowStep,
     Job,
+    LimitBucket,
+    LimitOverride,
     Partition,
+    RegisteredTarget,
     TargetPause,
+    TenantWeight,
     Worker,
 )
 from jobs_engine.operators.actions import audit
@@ -54,6 +62,7 @@ APPS = ("jobs_engine", "jobs_engine_schedules")
 UNKNOWN_ID = 987654321  # no row has it
 UNKNOWN_CODE = "no_such_schedule"
 DEFINED_FLOW = "tenants-defined"
+LIMITED = "ten.lim"  # limits: "concurrency" (the whole target's) and "concurrency/tenant"
 
 
 @dataclass
@@ -110,7 +119,12 @@ class World:
 def world(targets: Any, settings: Any) -> Iterator[World]:
     settings.JOBS = {"TENANT_RESOLVER": BY_TENANT}
     targets("ten.t")
+    targets(LIMITED, lane="long", limits=[Concurrency(3), Concurrency(2, per=PER_TENANT)])
     now = timezone.now()
+    for tenant in ("a", "b"):  # each tenant's key of the limit per tenant, and its weight
+        LimitBucket.objects.create(target=LIMITED, name="concurrency/tenant", key=tenant,
+                                   used_at=now, admitted=4, throttled=1)
+        TenantWeight.objects.create(tenant_id=tenant, weight=2, updated_at=now)
     flows.define(DEFINED_FLOW, lambda value: flows.ChainSpec([flows.Step("a", value)]), "")
     with declared_schedule("ten_a", tenant_id="a") as sched_a, \
             declared_schedule("ten_b", tenant_id="b") as sched_b, \
@@ -148,7 +162,9 @@ def snapshot() -> tuple[Any, ...]:
             sorted(FlowStep.objects.values_list("id", "state", "job_id")),
             sorted(Schedule.objects.values_list("code", "enabled", "cron_override",
                                                 "next_run_at")),
-            sorted(TargetPause.objects.values_list("target", flat=True)),
+            sorted(TargetPause.objects.values_list("target", "paused_until", "reason")),
+            sorted(LimitOverride.objects.values_list("target", "name", "slots")),
+            sorted(TenantWeight.objects.values_list("tenant_id", "weight")),
             AuditRecord.objects.filter(result=AuditRecord.Result.OK).count())
 
 
@@ -177,7 +193,23 @@ NAMED = [(method, path) for method, path in ROUTES
 # a list of no tenant's rows says so here.
 LISTS = [(method, path) for method, path in ROUTES if "{" not in path and method == "GET"]
 TENANTLESS_LISTS = {f"{API}/job-flows/definitions"}  # code's definitions: everyone's
-BODIES = {("PUT", f"{API}/schedules/{{code}}/cron_override"): {"cron_override": "*/5 * * * *"}}
+# What the platform operator's list holds besides A's and B's (None: the platform's own);
+# a weight is always a tenant's.
+PLATFORM_LISTS = {f"{API}/tenant-weights": {"a", "b"}}
+# The platform's settings: changed by the platform operator only, whoever's they concern.
+SETTINGS = [(method, path) for method, path in ROUTES
+            if path.startswith((f"{API}/limits/", f"{API}/tenant-weights/", f"{API}/targets/"))]
+# Routes a test of its own covers below.
+OWN_TESTS = {("POST", f"{API}/job-flows/definitions/{{name}}/start")}
+BODIES = {("PUT", f"{API}/schedules/{{code}}/cron_override"): {"cron_override": "*/5 * * * *"},
+          ("PUT", f"{API}/limits/{{target}}/{{name}}"): {"slots": 5},
+          ("PUT", f"{API}/tenant-weights/{{tenant_id}}"): {"weight": 3}}
+
+
+def test_every_api_route_is_covered_here() -> None:
+    """A route names a tenant's object, lists, changes a platform setting, or has a test of
+    its own: a new one that is none of these fails here."""
+    assert set(ROUTES) == set(NAMED) | set(LISTS) | set(SETTINGS) | OWN_TESTS
 
 
 def fill(path: str, rows: Owned | None) -> tuple[str, Any]:
@@ -246,7 +278,34 @@ def test_an_api_list_shows_the_callers_tenants_rows_only(world: World, method: s
             assert entries[who], (path, query, who)  # each tenant has rows of its own here
             assert {entry["tenant_id"] for entry in entries[who]} == {tenant}, (path, query)
         assert entries["none"] == []
-        assert {entry["tenant_id"] for entry in entries["platform"]} == {"a", "b", None}
+        assert {entry["tenant_id"] for entry in entries["platform"]} \
+            == PLATFORM_LISTS.get(path, {"a", "b", None})
+
+
+def settings_url(path: str, tenant: str) -> str:
+    """A setting's route, naming the limited target's limit of the whole target, the
+    paused target, or ``tenant``'s weight."""
+    return (path.replace("{target}", LIMITED).replace("{name}", "concurrency")
+            if path.startswith(f"{API}/limits/")
+            else path.replace("{name}", "ten.t").replace("{tenant_id}", tenant))
+
+
+@pytest.mark.parametrize("method, path", SETTINGS)
+def test_a_platform_setting_is_changed_by_the_platform_operator_only(
+        world: World, method: str, path: str) -> None:
+    before = snapshot()
+    for who in ("a", "b", "none"):
+        for tenant in ("a", "b"):  # its own weight, another's
+            answer = send(client_as(who), method, settings_url(path, tenant), path)
+            assert (answer.status_code, answer.json()["code"]) == (403, "forbidden"), \
+                (who, path, answer.content)
+            assert "platform operator" in answer.json()["message"][0]
+    assert snapshot() == before
+    refused = AuditRecord.objects.filter(result=AuditRecord.Result.REFUSED)
+    assert {record.tenant_id for record in refused} == {"a", "b", None}  # each audited
+    done = send(client_as("platform"), method, settings_url(path, "a"), path)
+    assert done.status_code == 200, (path, done.content)
+    assert snapshot() != before
 
 
 def test_a_flow_started_through_the_api_is_the_callers_tenants(world: World) -> None:
@@ -298,6 +357,8 @@ def object_of(world: World, rows: Owned | None, model: str, route: str) -> Any:
         "jobs_engine_partition": world.partition,
         "jobs_engine_worker": world.worker,
         "jobs_engine_targetpause": world.pause,
+        # A target is the platform's: a tenant is refused its pause and resume.
+        "jobs_engine_registeredtarget": RegisteredTarget(name=world.pause.target),
     }
     assert model in choices, f"{model}: add its objects to this test"
     return choices[model].pk
@@ -362,6 +423,39 @@ def test_an_admin_action_on_another_tenants_rows_changes_nothing(
         assert snapshot() != before, (model, action)
 
 
+LIMITS_FORMS = {"override": {"target": LIMITED, "name": "concurrency", "slots": "5"},
+                "clear": {"target": LIMITED, "name": "concurrency"},
+                "weight": {"tenant_id": "a", "weight": "3"}}
+
+
+def test_every_form_of_the_limits_page_is_covered_here() -> None:
+    limits_admin = engine_admins()["jobs_engine_targetlimit"]
+    forms = {pattern.name.removeprefix("jobs_engine_targetlimit_")
+             for pattern in limits_admin.get_urls()} - {"changelist"}
+    assert forms == set(LIMITS_FORMS)
+
+
+@pytest.mark.parametrize("form", LIMITS_FORMS)
+def test_a_form_of_the_limits_page_is_the_platform_operators(world: World, form: str) -> None:
+    """A tenant's operator (one with every permission) posting a change anyway, its own
+    tenant's weight included, is refused with a message, audited as refused, and nothing
+    changes; the platform operator's is done."""
+    LimitOverride.objects.create(target=LIMITED, name="concurrency", slots=1,
+                                 updated_at=timezone.now())  # for the clear
+    url = reverse(f"admin:jobs_engine_targetlimit_{form}")
+    before = snapshot()
+    for who in ("a", "b", "none"):
+        answer = client_as(who).post(url, LIMITS_FORMS[form], follow=True)
+        assert answer.status_code == 200
+        shown = [str(message) for message in get_messages(answer.wsgi_request)]
+        shown += [str(message) for message in answer.context["messages"]]
+        assert any("Not done" in text and "platform operator" in text for text in shown), shown
+    assert snapshot() == before
+    assert AuditRecord.objects.filter(result=AuditRecord.Result.REFUSED).count() == 3
+    client_as("platform").post(url, LIMITS_FORMS[form])
+    assert snapshot() != before
+
+
 @pytest.mark.parametrize("model", sorted(engine_admins()))
 def test_an_admin_list_shows_the_callers_tenants_rows_only(world: World, model: str
                                                            ) -> None:
@@ -385,6 +479,28 @@ def test_an_admin_list_shows_the_callers_tenants_rows_only(world: World, model: 
                 ["ten.t"] for who, answer in seen.items()}
         # Each tenant has 1 completed job and 2 DEAD ones of the target.
         assert kept == {"a": (1, 2), "b": (1, 2), "none": (0, 0), "platform": (3, 6)}
+        # The pauses, and their buttons, are the platform operator's.
+        pauses = {who: {row["name"]: row.get("pause") for row in answer.context["rows"]}
+                  ["ten.t"] for who, answer in seen.items()}
+        assert pauses == {"a": None, "b": None, "none": None,
+                          "platform": pauses["platform"]} and pauses["platform"]
+        for who in ("a", "b", "none"):
+            assert "/pause/" not in seen[who].text and "/resume/" not in seen[who].text
+        return
+    if model == "jobs_engine_targetlimit":  # each tenant's keys and weight, and no form
+        keys = {who: {(group["name"], key["tenant_id"]) for group in answer.context["limits"]
+                      for key in group["keys"]} for who, answer in seen.items()}
+        assert keys == {"a": {("concurrency/tenant", "a")}, "b": {("concurrency/tenant", "b")},
+                        "none": set(),
+                        "platform": {("concurrency", None), ("concurrency/tenant", "a"),
+                                     ("concurrency/tenant", "b")}}
+        weights = {who: [row.tenant_id for row in answer.context["weights"]]
+                   for who, answer in seen.items()}
+        assert weights == {"a": ["a"], "b": ["b"], "none": [], "platform": ["a", "b"]}
+        for who in ("a", "b", "none"):
+            assert 'name="slots"' not in seen[who].text
+            assert 'id="set-weight"' not in seen[who].text
+        assert 'name="slots"' in seen["platform"].text
         return
     listed = {who: {row.tenant_id for row in answer.context["cl"].result_list}
               for who, answer in seen.items()}
