@@ -311,5 +311,17 @@ class Migration(migrations.Migration):
                 'db_table': 'jobs_engine_tenant_weight',
             },
         ),
+        migrations.CreateModel(
+            name='TargetLimit',
+            fields=[
+                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
+            ],
+            options={
+                'verbose_name': 'limit',
+                'verbose_name_plural': 'limits',
+                'db_table': 'jobs_engine_target_limit',
+                'managed': False,
+            },
+        ),
         postgresql_functions(ENQUEUE_SQL_DIGEST),
     ]

@@ -634,7 +634,7 @@ class TargetPauseAdmin(ManagedAdmin[TargetPause]):
 
 CHART_HOURS = 48
 CHART_OUTCOMES = (("ok", "#3a9a5b"), ("retried", "#e0a800"), ("paused", "#6c8ebf"),
-                  ("dead", "#c0392b"))
+                  ("throttled", "#8e6cbf"), ("dead", "#c0392b"))
 
 
 def _chart_start(now: datetime) -> datetime:

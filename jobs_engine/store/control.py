@@ -32,7 +32,7 @@ from jobs_engine.store.dialect import (
     writable_ctes,
 )
 from jobs_engine.store.leases import HAND_PAUSE_UNTIL, PauseRow
-from jobs_engine.store.limits import LIMIT_BUCKETS, LIMIT_OVERRIDES, _effective
+from jobs_engine.store.limits import LIMIT_BUCKETS, LIMIT_OVERRIDES, effective_limit
 from jobs_engine.store.rows import (
     CLOSED_COLUMNS,
     DONE_JOBS,
@@ -483,7 +483,7 @@ class LimitOverrideRow:
 
 def limit_in_force(declared: Limit, override: LimitOverrideRow | None) -> Limit:
     """``declared`` with ``override`` applied, as every admission reads it."""
-    return declared if override is None else _effective(declared, override.values)
+    return declared if override is None else effective_limit(declared, override.values)
 
 
 def limit_override_of(target: str, name: str) -> LimitOverrideRow | None:

@@ -71,6 +71,7 @@ __all__ = [
     "Admitted",
     "BucketState",
     "KeyCursor",
+    "effective_limit",
     "jobs_long_reserve_limited",
     "limit_buckets_prune",
     "limits_admit_fast",
@@ -177,7 +178,7 @@ class _Bucket:
         return None
 
 
-def _effective(limit: Limit, override: Sequence[Any]) -> Limit:
+def effective_limit(limit: Limit, override: Sequence[Any]) -> Limit:
     """``limit`` with an operator's override (slots, starts, period_s, burst) in force."""
     slots, starts, period_s, burst = override
     if isinstance(limit, Concurrency):
@@ -212,7 +213,7 @@ def _lock_buckets(wanted: Iterable[tuple[Target, Limit, str]], now: datetime
         found += _locked(missing)
     limits = {(t.name, limit.name): limit for t, limit, _ in wanted}
     return {(target, name, key): _Bucket(
-        bucket_id, _effective(limits[(target, name)], override), key, tokens,
+        bucket_id, effective_limit(limits[(target, name)], override), key, tokens,
         read_dt(refilled_at), read_dt(blocked_until))
         for bucket_id, target, name, key, tokens, refilled_at, blocked_until, *override
         in found}
@@ -623,7 +624,7 @@ def limits_state(targets: Sequence[Target], now: datetime) -> list[BucketState]:
             continue  # a limit a deploy removed
         seen.add((target_name, name))
         override = overrides.get((target_name, name))
-        limit = _effective(declared, override) if override else declared
+        limit = effective_limit(declared, override) if override else declared
         bucket = _Bucket(0, limit, key, tokens, read_dt(refilled_at), read_dt(blocked_until))
         running = (sum(c for (t, _), c in counted.items() if t == target_name)
                    if limit.per == PER_TARGET else counted.get((target_name, key), 0))
@@ -635,7 +636,7 @@ def limits_state(targets: Sequence[Target], now: datetime) -> list[BucketState]:
         for declared in by_name[name].limits.limits:
             if (name, declared.name) not in seen:
                 override = overrides.get((name, declared.name))
-                limit = _effective(declared, override) if override else declared
+                limit = effective_limit(declared, override) if override else declared
                 states.append(BucketState(
                     name, limit, declared, TARGET_KEY,
                     sum(c for (t, _), c in counted.items() if t == name),
