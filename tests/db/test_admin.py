@@ -420,8 +420,8 @@ def test_statistics_page_charts_the_last_48_hours(client: Client) -> None:
     assert sum(h["total"] for h in chart) == 14  # the 60-hour-old bucket is outside
     assert 'id="job-stats-chart"' in response.content.decode()
     assert response.context["totals"] == [
-        {"target": "kafka:orders", "counts": [7, 0, 0, 1]},
-        {"target": "mail", "counts": [4, 2, 0, 0]}]
+        {"target": "kafka:orders", "counts": [7, 0, 0, 0, 1]},  # ok, retried, paused,
+        {"target": "mail", "counts": [4, 2, 0, 0, 0]}]           # throttled, dead
     filtered = client.get(reverse("admin:jobs_engine_jobstat_changelist"), {"target": "mail"})
     assert sum(h["total"] for h in filtered.context["chart"]) == 6
     for raw in BAD_TEXT:  # a target no row can hold charts nothing

@@ -408,10 +408,11 @@ def analyse_empty_queue() -> None:
 
 def reserve_plan(reserves: list[tuple[str, Any]]) -> str:
     """The plan the session keeps for the reserve, run with the last reserve's parameters."""
-    params = reserves[-1][1]
+    text, params = reserves[-1]
     with connection.cursor() as cursor:
-        cursor.execute("SELECT name FROM pg_prepared_statements "
-                       "WHERE statement LIKE 'WITH locked%'")
+        # This text's: the session keeps the reserves of earlier tests' targets too.
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE statement = %s",
+                       [text])
         (name,) = cursor.fetchone()
         cursor.execute(f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(params))})", params)
         return "\n".join(line for (line,) in cursor.fetchall())
