@@ -97,8 +97,8 @@ class Options:
     limits_poll_big: int = 1_000_000
     limits_poll_reps: int = 200
     limits_poll_budget_s: float = 10.0
-    limits_poll_rounds: int = 1
-    limits_cap_s: float = 20.0
+    limits_poll_rounds: int = 3
+    limits_cap_s: float = 30.0
 
     @property
     def logs(self) -> Path:

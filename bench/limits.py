@@ -114,12 +114,17 @@ def limits_registered() -> Iterator[None]:
 def fill_limits(target: str, n: int, keys: int = 1, chunk: int = 500) -> None:
     """``n`` jobs of ``target`` committed in one transaction, each payload with a field
     ``k`` (one of ``keys``: the key of ``loose_keyed``; every series carries it, so the
-    payloads are the same size)."""
+    payloads are the same size), and the table ANALYZEd in that transaction (its own rows
+    count): the running workers see the rows and their statistics at once. Without it
+    the first admissions were planned on the statistics of the table emptied before, and
+    the first admission of the per-key target took up to 20 s in one round and a second
+    in the next (the free reserve reads its index in order whatever they say)."""
     with transaction.atomic():
         for start in range(0, n, chunk):
             enqueue_many([{"target": target,
                            "payload": {**payload(i), targets.LIMITS_KEY_FIELD: i % keys}}
                           for i in range(start, min(n, start + chunk))])
+        sql(f"ANALYZE {store.JOBS}")
 
 
 # -- the database's CPU and the workers' statements during a drain -----------------------------
@@ -251,7 +256,8 @@ def measured_drain(o: Options, target: str, n: int, count: int, name: str,
     def per_job(value: float) -> float:
         return value / jobs if jobs else float("nan")
 
-    return {**got, "jobs": jobs, "busy": watch.busy_percent(),
+    return {**got, "jobs": jobs, "busy": watch.busy_percent(), "lock": watch.share("Lock"),
+            "waits": watch.summary().split("; ", 1)[-1],
             "cpu_us": per_job(watch.cpu_s() * 1e6),
             "stmts": per_job(sum(statements.values())), "admission": per_job(admission),
             "admission_ms": per_job(admission_s * 1000),
@@ -266,7 +272,7 @@ def said(got: dict[str, Any]) -> str:
             f"{got['startup_s']:.2f}s, dead {got['dead']:.0f}{capped}); database CPU "
             f"{got['cpu_us']:,.0f} µs/job, {got['stmts']:.2f} statements/job of which "
             f"admission {got['admission']:.2f} ({got['admission_ms']:.3f} ms/job waited in the "
-            f"workers); machine CPU busy {got['busy']:.0f}%")
+            f"workers); machine CPU busy {got['busy']:.0f}%; {got['waits']}")
 
 
 def statements_line(got: dict[str, Any]) -> str:
@@ -300,7 +306,7 @@ def part_loose(o: Options, r: int) -> Metrics:
                 lambda t=target, m=n, k=keys: fill_limits(t, m, k))
             key = f"limits:nb:{kind}:{side}"
             for name in ("rate", "cpu_us", "stmts", "admission", "admission_ms", "busy",
-                         "dead", "left"):
+                         "lock", "dead", "left"):
                 out[f"{key}:{name}"] = got[name]
             print(f"    {kind} {side} ({target}, {count} workers, {n:,} jobs"
                   f"{f', {keys:,} keys' if keys > 1 else ''}): {said(got)}", flush=True)
@@ -322,6 +328,8 @@ def part_loose(o: Options, r: int) -> Metrics:
 def part_tight(o: Options, r: int) -> Metrics:
     out: Metrics = {}
     n = o.limits_tight_n
+    if n <= 0:
+        return out
     sides = [
         ("free", targets.LIMITS_FREE_WAIT, 1, {"JOBS_LONG_BATCH": str(WAIT_BATCH)}),
         ("tight", targets.LIMITS_TIGHT, o.limits_tight_workers,
@@ -332,8 +340,8 @@ def part_tight(o: Options, r: int) -> Metrics:
                              {**targets.limits_env(), **env},
                              lambda t=target: fill_limits(t, n), running_of=target)
         key = f"limits:bind:{side}"
-        for name in ("rate", "cpu_us", "stmts", "admission", "admission_ms", "busy", "dead",
-                     "left", "running_max", "lost"):
+        for name in ("rate", "cpu_us", "stmts", "admission", "admission_ms", "busy", "lock",
+                     "dead", "left", "running_max", "lost"):
             out[f"{key}:{name}"] = got[name]
         print(f"    binding, {side} ({target}, {count} worker(s), {n:,} jobs): {said(got)}; "
               f"at most {got['running_max']} RUNNING at once seen", flush=True)
@@ -427,6 +435,31 @@ class Timed:
     admitted: list[int]  # rows admitted per call (each call's, all the same when right)
     statements: list[tuple[str, Any]]
     per_kind: dict[str, float] = field(default_factory=dict)  # mean ms per call, by kind
+    cpu_us: float = float("nan")  # mean CPU time of this session's backend per call
+    cpu_kind: dict[str, float] = field(default_factory=dict)  # of it, µs per call by kind
+
+
+class BackendCpu:
+    """The CPU time this process's database session spends in each call timed: its
+    backend's ``/proc/<pid>/schedstat`` read before and after the call (the backend is
+    waiting for the next statement by then)."""
+
+    def __init__(self) -> None:
+        self.pid = sql("SELECT pg_backend_pid()")[0][0]
+        self.spent_ns = 0
+        self.calls = 0
+
+    @contextlib.contextmanager
+    def call(self, counted: bool) -> Iterator[None]:
+        before = backend_cpu_ns(self.pid)
+        yield
+        after = backend_cpu_ns(self.pid)
+        if counted and before is not None and after is not None:
+            self.spent_ns += after - before
+            self.calls += 1
+
+    def mean_us(self) -> float:
+        return self.spent_ns / self.calls / 1000 if self.calls else float("nan")
 
 
 def spread(reps: int, budget_s: float, warm: int = WARM) -> Iterator[bool]:
@@ -454,20 +487,25 @@ def time_admission(limited: Sequence[Target], reps: int, budget_s: float) -> Tim
     admitted: list[int] = []
     times: list[float] = []
     spent: Counter[str] = Counter()
+    spent_cpu: Counter[str] = Counter()
+    cpu = BackendCpu()
 
     def timing(execute: Any, query: str, params: Any, many: bool, context: Any) -> Any:
         started = time.perf_counter()
+        cpu_before = backend_cpu_ns(cpu.pid) or 0
         try:
             return execute(query, params, many, context)
         finally:
             spent[kind_of(query)] += time.perf_counter() - started
+            spent_cpu[kind_of(query)] += (backend_cpu_ns(cpu.pid) or 0) - cpu_before
 
     warming = True
     for timed in spread(reps, budget_s):
         if timed and warming:
             spent.clear()
+            spent_cpu.clear()
             warming = False
-        with connection.execute_wrapper(timing):
+        with connection.execute_wrapper(timing), cpu.call(timed):
             started = time.perf_counter()
             got = admit(limited, now)
             elapsed = (time.perf_counter() - started) * 1000
@@ -483,17 +521,28 @@ def time_admission(limited: Sequence[Target], reps: int, budget_s: float) -> Tim
     statements = capture_sql(once)
     per_kind = {kind: seconds * 1000 / len(times) for kind, seconds in spent.most_common()}
     per_kind["the rest (BEGIN, COMMIT, Python)"] = statistics.mean(times) - sum(per_kind.values())
-    return Timed(statistics.median(times), admitted, statements, per_kind)
+    cpu_kind = {kind: ns / 1000 / len(times) for kind, ns in spent_cpu.most_common()}
+    cpu_kind["the rest (BEGIN, COMMIT)"] = cpu.mean_us() - sum(cpu_kind.values())
+    return Timed(statistics.median(times), admitted, statements, per_kind, cpu.mean_us(),
+                 cpu_kind)
 
 
-def time_call(call: Callable[[], Any], reps: int, budget_s: float) -> float:
+def time_call(call: Callable[[], Any], reps: int, budget_s: float,
+              cleanup: Callable[[Any], None] | None = None) -> tuple[float, float]:
+    """Median ms of ``call`` and the mean CPU µs of this session's backend per call;
+    ``cleanup`` gets each call's answer, untimed."""
     times = []
+    cpu = BackendCpu()
     for timed in spread(reps, budget_s):
-        started = time.perf_counter()
-        call()
+        with cpu.call(timed):
+            started = time.perf_counter()
+            got = call()
+            elapsed = (time.perf_counter() - started) * 1000
+        if cleanup is not None:
+            cleanup(got)
         if timed:
-            times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+            times.append(elapsed)
+    return statistics.median(times), cpu.mean_us()
 
 
 @dataclass
@@ -507,22 +556,22 @@ class WorkerPoll:
     names: list[str]
     now: datetime
 
-    def free_reserve(self) -> None:
+    def free_reserve(self) -> list[int | None]:
         settings = jobs_settings()
         got = store.jobs_long_reserve(
             POLL_OWNER, uuid.uuid4().hex, self.now, settings.LONG_LEASE_S, settings.LONG_BATCH,
             exclusive_targets=self.exclusive, targets=self.free_names, start=True,
             at_most_once_limit=settings.LONG_BATCH,
             flush_lazily=settings.LAZY_FLUSH_AT_LEAST_ONCE, after=None, likely=())
-        put_back([row.job.id for row in got])
+        return [row.job.id for row in got]
 
     def next_due(self) -> None:
         store.jobs_long_next_due(self.names, self.now)
 
 
-def poll_at(o: Options, size: str, n: int, out: Metrics) -> str | None:
+def poll_at(o: Options, size: str, n: int, out: Metrics, plan: bool) -> str | None:
     """The admission's cases and the rest of the worker's poll timed over a layout of ``n``
-    rows (``poll_layout``), into ``out``; the plans when ``size`` is the big one."""
+    rows (``poll_layout``), into ``out``; their plans when ``plan``."""
     tight, free_names, exclusive, names = worker_targets(targets.LIMITS_TIGHT)
     keyed, _, _, _ = worker_targets(targets.LIMITS_TIGHT_KEYED)
     built = poll_layout(n)
@@ -531,20 +580,27 @@ def poll_at(o: Options, size: str, n: int, out: Metrics) -> str | None:
     held = time_admission(tight, reps, budget)
     keyed_got = time_admission(keyed, reps, budget)
     rest = WorkerPoll(free_names, exclusive, names, store.db_now())
-    reserve_ms = time_call(rest.free_reserve, reps, budget)
-    next_due_ms = time_call(rest.next_due, reps, budget)
-    reserve_sql, next_due_sql = capture_sql(rest.free_reserve), capture_sql(rest.next_due)
+    reserve_ms, reserve_cpu = time_call(rest.free_reserve, reps, budget, put_back)
+    next_due_ms, next_due_cpu = time_call(rest.next_due, reps, budget)
+    reserve_sql = capture_sql(lambda: put_back(rest.free_reserve()))
+    next_due_sql = capture_sql(rest.next_due)
     release_holders(targets.LIMITS_TIGHT)
     free = time_admission(tight, reps, budget)
     for case, timed in (("held", held), ("free", free), ("keyed", keyed_got)):
         out[f"limits:poll:{case}:{size}"] = timed.ms
         out[f"limits:poll:{case}:{size}:calls"] = len(timed.admitted)
+        out[f"limits:poll:{case}:{size}:cpu_us"] = timed.cpu_us
         out[f"limits:poll:{case}:{size}:admitted"] = statistics.median(timed.admitted)
         for kind, ms in timed.per_kind.items():
             out[f"limits:poll:{case}:{size}:kind:{kind}"] = ms
+        for kind, us in timed.cpu_kind.items():
+            out[f"limits:poll:{case}:{size}:cpu_kind:{kind}"] = us
     out[f"limits:poll:reserve:{size}"] = reserve_ms
     out[f"limits:poll:next_due:{size}"] = next_due_ms
     out[f"limits:poll:empty:{size}"] = held.ms + reserve_ms + next_due_ms
+    out[f"limits:poll:reserve:{size}:cpu_us"] = reserve_cpu
+    out[f"limits:poll:next_due:{size}:cpu_us"] = next_due_cpu
+    out[f"limits:poll:empty:{size}:cpu_us"] = held.cpu_us + reserve_cpu + next_due_cpu
     wrong = [case for case, bad in (
         ("held", any(held.admitted)),
         ("free", any(a != targets.TIGHT_SLOTS for a in free.admitted)),
@@ -556,16 +612,22 @@ def poll_at(o: Options, size: str, n: int, out: Metrics) -> str | None:
           f"free {keyed_got.ms:.3f} ms (admitted {min(keyed_got.admitted)}-"
           f"{max(keyed_got.admitted)}); the free reserve {reserve_ms:.3f} ms, the next "
           f"due row {next_due_ms:.3f} ms" + (f"; WRONG {wrong}" if wrong else ""), flush=True)
+    print(f"      the database's CPU per call, µs: slots held {held.cpu_us:,.0f}, slots free "
+          f"{free.cpu_us:,.0f}, one key full and one free {keyed_got.cpu_us:,.0f}, the free "
+          f"reserve {reserve_cpu:,.0f}, the next due row {next_due_cpu:,.0f}", flush=True)
     for case, timed in (("slots held", held), ("slots free", free),
                         ("one key full, one free", keyed_got)):
         print(f"      {case}, mean ms per call: " + ", ".join(
             f"{kind} {ms:.3f}" for kind, ms in timed.per_kind.items()), flush=True)
-    if size != "big":
+        print(f"      {case}, the database's CPU µs per call: " + ", ".join(
+            f"{kind} {us:,.0f}" for kind, us in timed.cpu_kind.items()), flush=True)
+    if not plan:
         return None
     return poll_plans(n, held, free, keyed_got, reserve_sql, next_due_sql)
 
 
 POLL_CASES = ("held", "free", "keyed", "reserve", "next_due", "empty")
+DUE_KEYS, LOCK_BUCKETS = "limits: due keys", "limits: lock buckets"  # sqlcount.KINDS
 
 
 def part_poll(o: Options, r: int) -> Metrics:
@@ -576,12 +638,25 @@ def part_poll(o: Options, r: int) -> Metrics:
         return out
     plans: list[str] = []
     for size, n in turned([("small", o.limits_poll_small), ("big", o.limits_poll_big)], r):
-        plan = poll_at(o, size, n, out)
+        plan = poll_at(o, size, n, out, plan=size == "big" and r == 0)
         if plan:
             plans.append(plan)
     for case in POLL_CASES:
         out[f"limits:poll:{case}:ratio"] = (out[f"limits:poll:{case}:big"]
                                             / out[f"limits:poll:{case}:small"])
+        for unit in ("cpu_us",):
+            out[f"limits:poll:{case}:{unit}:ratio"] = (out[f"limits:poll:{case}:big:{unit}"]
+                                                       / out[f"limits:poll:{case}:small:{unit}"])
+    # The statements by kind, big / small: the key skip scan, and the bucket lock (a one-row
+    # table: the same work at any backlog, so its ratio is the host's drift meanwhile).
+    for case in ("held", "free", "keyed"):
+        for kind, name in ((DUE_KEYS, "due_keys"), (LOCK_BUCKETS, "lock")):
+            small = out.get(f"limits:poll:{case}:small:kind:{kind}")
+            big = out.get(f"limits:poll:{case}:big:kind:{kind}")
+            if small and big:
+                out[f"limits:poll:{case}:{name}:small"] = small
+                out[f"limits:poll:{case}:{name}:big"] = big
+                out[f"limits:poll:{case}:{name}:ratio"] = big / small
     print("    big / small: " + ", ".join(f"{case} {out[f'limits:poll:{case}:ratio']:.2f}x"
                                           for case in POLL_CASES), flush=True)
     write_plans(o, plans)

@@ -324,6 +324,8 @@ def limit_rows(o: Options) -> list[Row]:
                 Row(f"{key}:admission_ms", f"  the admission's statements' time per job, "
                     f"waited in the workers, {side}", "ms"),
                 Row(f"{key}:busy", f"  the machine's CPUs busy, {side}", "%"),
+                Row(f"{key}:lock", f"  the workers' running statements waiting on a lock "
+                    f"(pg_stat_activity, sampled), {side}", "%"),
             ]
         for side in sides[1:]:
             bar = "≥ 0.9x" if side == "loose" else "(≥ 0.9x)"
@@ -354,6 +356,8 @@ def limit_rows(o: Options) -> list[Row]:
                 f"waited in the workers, {side}", "ms"),
             Row(f"{key}:running_max", f"  the most rows RUNNING at once seen, {side}", "rows"),
             Row(f"{key}:busy", f"  the machine's CPUs busy, {side}", "%"),
+            Row(f"{key}:lock", f"  the workers' running statements waiting on a lock, {side}",
+                "%"),
         ]
     rows += [
         Row("limits:bind:cpu_ratio", "Limits, binding: ratio tight / free, the database's CPU "
@@ -379,10 +383,29 @@ def limit_rows(o: Options) -> list[Row]:
         rows += [
             Row(f"limits:poll:{case}:small", f"Limits, poll: {label}, {small} PENDING of the "
                 f"target (median of {reps})", "ms"),
-            Row(f"limits:poll:{case}:big", f"Limits, poll: {label}, {big} PENDING", "ms"),
+            Row(f"limits:poll:{case}:big", f"Limits, poll: {label}, {big} PENDING (median of "
+                f"{reps}, or of the calls made in {o.limits_poll_budget_s:g} s, 5 at least)",
+                "ms"),
             Row(f"limits:poll:{case}:ratio", f"  ratio {big} / {small}, {case}", "x", bar,
                 (lambda v: v <= 1.2) if bar else None),
+            Row(f"limits:poll:{case}:small:cpu_us", f"  the database's CPU per call, {case}, "
+                f"{small} PENDING (this session's backend, /proc/<pid>/schedstat)", "µs/call"),
+            Row(f"limits:poll:{case}:big:cpu_us", f"  the database's CPU per call, {case}, "
+                f"{big} PENDING", "µs/call"),
+            Row(f"limits:poll:{case}:cpu_us:ratio", f"  ratio {big} / {small}, the database's "
+                f"CPU per call, {case}", "x"),
         ]
+        if case in ("held", "free", "keyed"):
+            rows += [
+                Row(f"limits:poll:{case}:due_keys:small", f"  of it the key skip scan, {case}, "
+                    f"{small} PENDING (mean per call)", "ms"),
+                Row(f"limits:poll:{case}:due_keys:big", f"  of it the key skip scan, {case}, "
+                    f"{big} PENDING", "ms"),
+                Row(f"limits:poll:{case}:due_keys:ratio", f"  ratio {big} / {small}, the key "
+                    f"skip scan, {case}", "x"),
+                Row(f"limits:poll:{case}:lock:ratio", f"  ratio {big} / {small}, the bucket "
+                    f"lock, {case} (a one-row table: the host's drift between the two)", "x"),
+            ]
     return rows
 
 
@@ -459,7 +482,9 @@ def tasks_table(results: dict[str, list[float]], o: Options) -> str:
 def fmt(value: float, unit: str) -> str:
     if value != value:  # NaN
         return "n/a"
-    if unit in ("jobs/s", "rows", "kB", "cost", "µs/job"):
+    if unit == "jobs/s" and abs(value) < 10:  # a drain that hardly moved (limits: per key)
+        return f"{value:.2f}"
+    if unit in ("jobs/s", "rows", "kB", "cost", "µs/job", "µs/call"):
         return f"{value:,.0f}"
     if unit == "x":  # a ratio far below 1 (the tasks phase's latencies) keeps 2 digits
         return f"{value:.2f}x" if abs(value) >= 0.1 else f"{value:.2g}x"

@@ -134,10 +134,10 @@ def parser() -> argparse.ArgumentParser:
                    "of each timed statement (median)")
     p.add_argument("--limits-poll-budget-s", type=float, default=10.0, help="limits phase: "
                    "seconds each timed statement may take in all (then fewer calls, 5 at least)")
-    p.add_argument("--limits-poll-rounds", type=int, default=1, help="limits phase: the "
-                   "rounds the admission's poll runs in (the first ones; a 1,000,000-row "
-                   "backlog takes minutes to build)")
-    p.add_argument("--limits-cap-s", type=float, default=20.0, help="limits phase: a drain "
+    p.add_argument("--limits-poll-rounds", type=int, default=3, help="limits phase: the "
+                   "rounds the admission's poll runs in (the first ones; the 1,000,000-row "
+                   "backlog takes half a minute to build, its plans are written in the first)")
+    p.add_argument("--limits-cap-s", type=float, default=30.0, help="limits phase: a drain "
                    "not done this long after its first progress is stopped and measured so far")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
                    help="where every file of the run goes: the table (unless --output), the "
