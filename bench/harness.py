@@ -84,6 +84,21 @@ class Options:
     shapes_xmin_drains: int = 3
     shapes_poll_n: int = 1_000
     shapes_poll_reps: int = 100
+    # The ``limits`` phase (``bench/limits.py``): the non-binding drains (no-op and 20 ms
+    # handlers, the keyed target's keys, the workers), the binding drain (jobs, workers),
+    # and the admission's poll (the backlogs, the calls timed).
+    limits_n: int = 20_000
+    limits_wait_n: int = 6_000
+    limits_keys: int = 1_000
+    limits_workers: int = 3
+    limits_tight_n: int = 1_000
+    limits_tight_workers: int = 4
+    limits_poll_small: int = 1_000
+    limits_poll_big: int = 1_000_000
+    limits_poll_reps: int = 200
+    limits_poll_budget_s: float = 10.0
+    limits_poll_rounds: int = 3
+    limits_cap_s: float = 30.0
 
     @property
     def logs(self) -> Path:

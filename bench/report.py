@@ -132,6 +132,7 @@ def rows_for(o: Options) -> list[Row]:
     rows += policy_rows(o)
     rows += flow_rows(o)
     rows += shape_rows(o)
+    rows += limit_rows(o)
     rows += task_rows(o)
     workers = {1: "1 worker", 3: "3 workers"}
     for kind in targets.KAFKA_TOPICS:
@@ -292,6 +293,122 @@ def shape_rows(o: Options) -> list[Row]:
     return rows
 
 
+def limit_rows(o: Options) -> list[Row]:
+    """The ``limits`` phase (``bench/limits.py``): limits that never bind against none, a
+    limit that binds against as many running at once without it, the admission's poll
+    against the backlog."""
+    w = o.limits_workers
+    rows: list[Row] = []
+    loose = f"Concurrency({targets.LOOSE_SLOTS:,})"
+    labels = {
+        ("noop", "free"): f"{targets.LIMITS_FREE} (no limits)",
+        ("noop", "loose"): f"{targets.LIMITS_LOOSE} ({loose} for the target)",
+        ("noop", "keyed"): f"{targets.LIMITS_LOOSE_KEYED} ({loose} per payload field "
+                           f"{targets.LIMITS_KEY_FIELD}, {o.limits_keys:,} keys)",
+        ("wait", "free"): f"{targets.LIMITS_FREE_WAIT} (no limits)",
+        ("wait", "loose"): f"{targets.LIMITS_LOOSE_WAIT} ({loose} for the target)",
+    }
+    for kind, what, n, sides in (
+            ("noop", "no-op", o.limits_n, ("free", "loose", "keyed")),
+            ("wait", f"a handler that waits {targets.LONG_WAIT_S * 1000:g} ms", o.limits_wait_n,
+             ("free", "loose"))):
+        head = f"Limits, not binding: D1 long lane, {what}, {w} workers ({n:,} jobs)"
+        for side in sides:
+            key = f"limits:nb:{kind}:{side}"
+            rows += [
+                Row(f"{key}:rate", f"{head}, {labels[(kind, side)]}", "jobs/s"),
+                Row(f"{key}:cpu_us", f"  the database's CPU per job, {side}", "µs/job"),
+                Row(f"{key}:stmts", f"  the workers' statements per job, {side}", "stmts/job"),
+                Row(f"{key}:admission", f"  the admission's statements per job, {side}",
+                    "stmts/job"),
+                Row(f"{key}:admission_ms", f"  the admission's statements' time per job, "
+                    f"waited in the workers, {side}", "ms"),
+                Row(f"{key}:busy", f"  the machine's CPUs busy, {side}", "%"),
+                Row(f"{key}:lock", f"  the workers' running statements waiting on a lock "
+                    f"(pg_stat_activity, sampled), {side}", "%"),
+            ]
+        for side in sides[1:]:
+            bar = "≥ 0.9x" if side == "loose" else "(≥ 0.9x)"
+            rows += [
+                Row(f"limits:nb:{kind}:{side}:ratio", f"Limits, not binding, {what}: ratio "
+                    f"{side} / free, jobs/s, same round", "x", bar, lambda v: v >= 0.9),
+                Row(f"limits:nb:{kind}:{side}:cpu_ratio", f"  ratio {side} / free, the "
+                    "database's CPU per job", "x"),
+            ]
+    tw = o.limits_tight_workers
+    n = o.limits_tight_n
+    wait = f"a handler that waits {targets.LONG_WAIT_S * 1000:g} ms"
+    for side, label in (
+            ("free", f"{targets.LIMITS_FREE_WAIT}, no limit, 1 worker with JOBS_LONG_BATCH=2 "
+                     "(2 running at once)"),
+            ("tight", f"{targets.LIMITS_TIGHT}, Concurrency({targets.TIGHT_SLOTS}) for the "
+                      f"target, {tw} workers")):
+        key = f"limits:bind:{side}"
+        rows += [
+            Row(f"{key}:rate", f"Limits, binding: D1 long lane, {wait}, {n:,} jobs, {label}",
+                "jobs/s"),
+            Row(f"{key}:cpu_us", f"  the database's CPU per job, {side} (its client backends' "
+                "CPU time, /proc/<pid>/schedstat)", "µs/job"),
+            Row(f"{key}:stmts", f"  the workers' statements per job, {side}", "stmts/job"),
+            Row(f"{key}:admission", f"  the admission's statements per job, {side}",
+                "stmts/job"),
+            Row(f"{key}:admission_ms", f"  the admission's statements' time per job, "
+                f"waited in the workers, {side}", "ms"),
+            Row(f"{key}:running_max", f"  the most rows RUNNING at once seen, {side}", "rows"),
+            Row(f"{key}:busy", f"  the machine's CPUs busy, {side}", "%"),
+            Row(f"{key}:lock", f"  the workers' running statements waiting on a lock, {side}",
+                "%"),
+        ]
+    rows += [
+        Row("limits:bind:cpu_ratio", "Limits, binding: ratio tight / free, the database's CPU "
+            "per job, same round", "x", "≤ 1.5x", lambda v: v <= 1.5),
+        Row("limits:bind:stmts_ratio", "  ratio tight / free, the workers' statements per job",
+            "x"),
+        Row("limits:bind:rate_ratio", "  ratio tight / free, jobs/s", "x"),
+    ]
+    small, big = f"{o.limits_poll_small:,}", f"{o.limits_poll_big:,}"
+    reps = o.limits_poll_reps
+    for case, label, bar in (
+            ("held", f"the admission ({targets.LIMITS_TIGHT}), its {targets.TIGHT_SLOTS} slots "
+                     "held: nothing admitted", "≤ 1.2x"),
+            ("free", f"the admission ({targets.LIMITS_TIGHT}), its slots free: "
+                     f"{targets.TIGHT_SLOTS} admitted", "(≤ 1.2x)"),
+            ("keyed", f"the admission ({targets.LIMITS_TIGHT_KEYED}), one key with the backlog "
+                      "and its slots held, another key with one row: that row admitted",
+             "(≤ 1.2x)"),
+            ("reserve", "the same worker's free targets' reserve (finds nothing)", ""),
+            ("next_due", "the same worker's look for the next due row", ""),
+            ("empty", "the worker's whole empty poll (admission, slots held + reserve + next "
+                      "due)", "(≤ 1.2x)")):
+        rows += [
+            Row(f"limits:poll:{case}:small", f"Limits, poll: {label}, {small} PENDING of the "
+                f"target (median of {reps})", "ms"),
+            Row(f"limits:poll:{case}:big", f"Limits, poll: {label}, {big} PENDING (median of "
+                f"{reps}, or of the calls made in {o.limits_poll_budget_s:g} s, 5 at least)",
+                "ms"),
+            Row(f"limits:poll:{case}:ratio", f"  ratio {big} / {small}, {case}", "x", bar,
+                (lambda v: v <= 1.2) if bar else None),
+            Row(f"limits:poll:{case}:small:cpu_us", f"  the database's CPU per call, {case}, "
+                f"{small} PENDING (this session's backend, /proc/<pid>/schedstat)", "µs/call"),
+            Row(f"limits:poll:{case}:big:cpu_us", f"  the database's CPU per call, {case}, "
+                f"{big} PENDING", "µs/call"),
+            Row(f"limits:poll:{case}:cpu_us:ratio", f"  ratio {big} / {small}, the database's "
+                f"CPU per call, {case}", "x"),
+        ]
+        if case in ("held", "free", "keyed"):
+            rows += [
+                Row(f"limits:poll:{case}:due_keys:small", f"  of it the key skip scan, {case}, "
+                    f"{small} PENDING (mean per call)", "ms"),
+                Row(f"limits:poll:{case}:due_keys:big", f"  of it the key skip scan, {case}, "
+                    f"{big} PENDING", "ms"),
+                Row(f"limits:poll:{case}:due_keys:ratio", f"  ratio {big} / {small}, the key "
+                    f"skip scan, {case}", "x"),
+                Row(f"limits:poll:{case}:lock:ratio", f"  ratio {big} / {small}, the bucket "
+                    f"lock, {case} (a one-row table: the host's drift between the two)", "x"),
+            ]
+    return rows
+
+
 def flow_rows(o: Options) -> list[Row]:
     """The ``flows`` phase: a chain and a batch per step against plain long-lane jobs."""
     rows = []
@@ -365,7 +482,9 @@ def tasks_table(results: dict[str, list[float]], o: Options) -> str:
 def fmt(value: float, unit: str) -> str:
     if value != value:  # NaN
         return "n/a"
-    if unit in ("jobs/s", "rows", "kB", "cost"):
+    if unit == "jobs/s" and abs(value) < 10:  # a drain that hardly moved (limits: per key)
+        return f"{value:.2f}"
+    if unit in ("jobs/s", "rows", "kB", "cost", "µs/job", "µs/call"):
         return f"{value:,.0f}"
     if unit == "x":  # a ratio far below 1 (the tasks phase's latencies) keeps 2 digits
         return f"{value:.2f}x" if abs(value) >= 0.1 else f"{value:.2g}x"
@@ -486,6 +605,8 @@ def notes(results: dict[str, list[float]], o: Options, rounds: int) -> str:
             "per send, as with a broker that cost nothing.")
     if measured("shapes:"):
         out.append(shape_notes(o))
+    if measured("limits:"):
+        out.append(limit_notes(o))
     for key in [k for k in results if k.endswith(":dead") or k.endswith(":missing")]:
         if any(results[key]):
             out.append(f"- WARNING {key}: {results[key]}")
@@ -538,6 +659,32 @@ def shape_notes(o: Options) -> str:
         "Sizes: pg_total_relation_size after the drains; then, the snapshot still held, a "
         "VACUUM of the table and its n_dead_tup: the dead row versions it could not remove. "
         "The engine's tables are vacuumed after a held series.")
+
+
+def limit_notes(o: Options) -> str:
+    return (
+        "- Limits (bench/limits.py), each against the same work without limits in the same "
+        "round, the order of the series turned by round. Drains as D1 with several workers, "
+        "for any count (limits.limits_drain: the workers registered first, then the rows "
+        "committed in one transaction; clock from the first progress to an empty queue, or "
+        f"to {o.limits_cap_s:g} s after it: a drain stopped then is measured on the rows it "
+        "drained, its rows left said in the run's output and the JSON); each worker "
+        "registers the bench's targets, the free limits targets and only the limited one "
+        "it drains (BENCH_LIMITS), so a free series runs no admission at all. The database's "
+        "CPU: the CPU time (/proc/<pid>/schedstat) of every client backend of the bench "
+        "database but the bench's own session, from the first progress to the empty queue "
+        "(a backend made meanwhile counts from 0), per job drained; autovacuum and the "
+        "server's other processes are not in it, nor other databases' backends. Statements: "
+        "counted in the workers by an execute wrapper on every Django connection "
+        "(bench/sqlcount.py; BEGIN/COMMIT not counted), read at the first progress and at the "
+        "end; admission's: the statements of store.jobs_long_reserve_limited (due keys, lock "
+        "buckets, new buckets, running, take, write buckets), with the time the workers "
+        "waited for them (lock waits included). Poll: in the bench process, "
+        "store.jobs_long_reserve_limited as an idle worker calls it (LONG_BATCH rows, every "
+        "thread idle, autocommit, prepared), after 5 untimed calls, the rows it admitted put "
+        "back after each call, untimed; the layout built with generate_series (due an hour "
+        "ago, in id order; the slots held by RUNNING rows under an hour's lease), then VACUUM "
+        f"ANALYZE; plans in {shown(o.results_dir / 'explain_limits.txt')}.")
 
 
 def write(output: Path, text: str, info: str, o: Options,

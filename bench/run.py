@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 RESULTS = ROOT / "bench" / "results"
 PHASES = ("e100", "e1", "d1", "long", "latency", "poll", "kafka", "policies", "flows")
 # On request only (tasks: bench/requirements-tasks.txt; memory: a few minutes, Linux;
-# shapes: idle targets, a web tier, an old snapshot, ~5 minutes a round, PostgreSQL).
-EXTRA_PHASES = ("profile", "tasks", "memory", "shapes")
+# shapes: idle targets, a web tier, an old snapshot, ~5 minutes a round, PostgreSQL;
+# limits: what a target's limits cost the long lane, ~3 minutes a round, PostgreSQL).
+EXTRA_PHASES = ("profile", "tasks", "memory", "shapes", "limits")
 KAFKA_DIR_DEFAULT = "<tmp>/jobs-engine-kafka-bench"
 
 
@@ -113,6 +114,31 @@ def parser() -> argparse.ArgumentParser:
                    "the queue the poll and the reserve are timed on after those drains")
     p.add_argument("--shapes-poll-reps", type=int, default=100, help="shapes phase: runs of "
                    "each timed poll (median)")
+    p.add_argument("--limits-n", type=int, default=20_000, help="limits phase: no-op jobs "
+                   "of each non-binding drain (free, loose, loose per key)")
+    p.add_argument("--limits-wait-n", type=int, default=6_000, help="limits phase: 20 ms "
+                   "jobs of each non-binding drain (free, loose; 0: none)")
+    p.add_argument("--limits-keys", type=int, default=1_000, help="limits phase: keys of "
+                   "the per-key non-binding drain")
+    p.add_argument("--limits-workers", type=int, default=3, help="limits phase: workers of "
+                   "the non-binding drains")
+    p.add_argument("--limits-tight-n", type=int, default=1_000, help="limits phase: 20 ms "
+                   "jobs of the binding drain (Concurrency(2)) and of its free reference")
+    p.add_argument("--limits-tight-workers", type=int, default=4, help="limits phase: "
+                   "workers of the binding drain (more than its 2 slots)")
+    p.add_argument("--limits-poll-small", type=int, default=1_000, help="limits phase: the "
+                   "small backlog the admission is timed on")
+    p.add_argument("--limits-poll-big", type=int, default=1_000_000, help="limits phase: "
+                   "the big backlog")
+    p.add_argument("--limits-poll-reps", type=int, default=200, help="limits phase: calls "
+                   "of each timed statement (median)")
+    p.add_argument("--limits-poll-budget-s", type=float, default=10.0, help="limits phase: "
+                   "seconds each timed statement may take in all (then fewer calls, 5 at least)")
+    p.add_argument("--limits-poll-rounds", type=int, default=3, help="limits phase: the "
+                   "rounds the admission's poll runs in (the first ones; the 1,000,000-row "
+                   "backlog takes half a minute to build, its plans are written in the first)")
+    p.add_argument("--limits-cap-s", type=float, default=30.0, help="limits phase: a drain "
+                   "not done this long after its first progress is stopped and measured so far")
     p.add_argument("--results-dir", type=Path, default=RESULTS,
                    help="where every file of the run goes: the table (unless --output), the "
                         "poll plans, the profiles, the workers' logs (default bench/results; "
@@ -179,7 +205,16 @@ def options(args: argparse.Namespace) -> Options:
                    shapes_lat_n=args.shapes_lat_n, shapes_web_procs=args.shapes_web_procs,
                    shapes_web_n=args.shapes_web_n, shapes_xmin_n=args.shapes_xmin_n,
                    shapes_xmin_drains=args.shapes_xmin_drains, shapes_poll_n=args.shapes_poll_n,
-                   shapes_poll_reps=args.shapes_poll_reps, **extra)
+                   shapes_poll_reps=args.shapes_poll_reps, limits_n=args.limits_n,
+                   limits_wait_n=args.limits_wait_n, limits_keys=args.limits_keys,
+                   limits_workers=args.limits_workers, limits_tight_n=args.limits_tight_n,
+                   limits_tight_workers=args.limits_tight_workers,
+                   limits_poll_small=args.limits_poll_small,
+                   limits_poll_big=args.limits_poll_big,
+                   limits_poll_reps=args.limits_poll_reps,
+                   limits_poll_budget_s=args.limits_poll_budget_s,
+                   limits_poll_rounds=args.limits_poll_rounds, limits_cap_s=args.limits_cap_s,
+                   **extra)
 
 
 def prepare() -> None:
@@ -198,10 +233,11 @@ def run_rounds(phases: list[str], o: Options, rounds: int) -> dict[str, list[flo
     """Every phase once per round, interleaved; each metric's values over the rounds. Workers
     and the broker are stopped and the queue emptied whatever happens."""
     from bench import harness
+    from bench.limits import phase_limits
     from bench.shapes import phase_shapes
     from bench.workloads import PHASE_FUNCS
 
-    funcs = {**PHASE_FUNCS, "shapes": phase_shapes}
+    funcs = {**PHASE_FUNCS, "shapes": phase_shapes, "limits": phase_limits}
     results: dict[str, list[float]] = {}
     try:
         for r in range(rounds):

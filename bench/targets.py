@@ -4,6 +4,12 @@ The latency handler appends ``<dedupe_key> <time.time()>`` to the file named by 
 ``BENCH_LAT_FILE`` environment variable first thing, so the driver can pair it with the
 moment its enqueue call returned.
 
+Limits targets (the ``limits`` phase, ``bench/limits.py``): ``BENCH_LIMITS=<names>`` in a
+process's environment registers the phase's free targets (``bench.limits.free``, no limits)
+and the limited ones it names, comma-separated (``limits_env``); no other process has any
+of them, so no other phase's worker runs an admission. The bench process registers them
+all for the phase's duration (``register_limits``).
+
 Idle targets (the ``shapes`` phase): ``JOBS_BENCH_IDLE_TARGETS=N`` in a process's environment
 registers N no-op fast-lane targets ``bench.idle.fast.<i>`` and N no-op long-lane targets
 ``bench.idle.long.<i>`` that never receive a job (``bench/apps.py`` reads it; the driver
@@ -18,11 +24,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from jobs_engine import flows, registry
 from jobs_engine.contrib.kafka.settings import DEFAULT_BATCH_SIZE
 from jobs_engine.job import Job
+from jobs_engine.limits import Concurrency, per_field
 from jobs_engine.policies import JobPolicy
 from jobs_engine.states import DeliveryMode, Lane
 
@@ -74,6 +81,69 @@ KAFKA_KEEP_NONE_TOPIC = "bench.kafka-alo-keep-none"
 # every registered target is one more window in every other phase's polls.
 KAFKA_DATABASE_PART = "bench.kafka_database_part"
 KAFKA_PHASE_ENV = "BENCH_KAFKA_PHASE"
+
+
+# Limits (the ``limits`` phase): the same no-op and 20 ms handlers without limits, under a
+# concurrency limit that never binds (for the target, and per payload field ``k`` over many
+# keys), and under one that binds (2 slots for the whole target; and 2 per key, for the
+# admission's poll with one full key and one free).
+LIMITS_ENV = "BENCH_LIMITS"
+LIMITS_FREE = "bench.limits.free"
+LIMITS_FREE_WAIT = "bench.limits.free_wait"
+LIMITS_LOOSE = "bench.limits.loose"
+LIMITS_LOOSE_WAIT = "bench.limits.loose_wait"
+LIMITS_LOOSE_KEYED = "bench.limits.loose_keyed"
+LIMITS_TIGHT = "bench.limits.tight"
+LIMITS_TIGHT_KEYED = "bench.limits.tight_keyed"
+LIMITS_KEY_FIELD = "k"
+LOOSE_SLOTS = 10_000  # never reached: a worker holds at most LONG_BATCH * LONG_PREFETCH rows
+TIGHT_SLOTS = 2
+
+
+def limits_specs() -> dict[str, tuple[Callable[[Job], None], list[Concurrency]]]:
+    """The limits phase's targets: name -> (handler, limits)."""
+    per_key = per_field(LIMITS_KEY_FIELD)
+    return {
+        LIMITS_FREE: (noop, []),
+        LIMITS_FREE_WAIT: (wait, []),
+        LIMITS_LOOSE: (noop, [Concurrency(LOOSE_SLOTS)]),
+        LIMITS_LOOSE_WAIT: (wait, [Concurrency(LOOSE_SLOTS)]),
+        LIMITS_LOOSE_KEYED: (noop, [Concurrency(LOOSE_SLOTS, per=per_key)]),
+        LIMITS_TIGHT: (wait, [Concurrency(TIGHT_SLOTS)]),
+        LIMITS_TIGHT_KEYED: (noop, [Concurrency(TIGHT_SLOTS, per=per_key)]),
+    }
+
+
+LIMITS_FREE_NAMES = (LIMITS_FREE, LIMITS_FREE_WAIT)
+
+
+def limits_env(*limited: str) -> dict[str, str]:
+    """The environment of a worker that registers the free targets and ``limited``."""
+    return {LIMITS_ENV: ",".join(["free", *limited])}
+
+
+def limits_named(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The limits targets a process registers: ``BENCH_LIMITS`` (``free`` stands for the
+    free ones), none when unset."""
+    raw = (os.environ if environ is None else environ).get(LIMITS_ENV, "")
+    names = [name.strip() for name in raw.split(",") if name.strip()]
+    return [*(LIMITS_FREE_NAMES if "free" in names else ()),
+            *(name for name in names if name != "free")]
+
+
+def register_limits(names: Sequence[str]) -> None:
+    """Register the limits targets ``names`` (those not registered yet)."""
+    specs = limits_specs()
+    known = {t.name for t in registry.all_targets()}
+    for name in names:
+        if name not in known:
+            handler, limits = specs[name]
+            registry.register_target(name, handler, lane=Lane.LONG, limits=limits or None)
+
+
+def unregister_limits() -> None:
+    for name in limits_specs():
+        registry.unregister_target(name)
 
 
 # Idle targets: registered, never enqueued to (a project with many targets that mostly sit).
