@@ -189,19 +189,20 @@ def effective_limit(limit: Limit, override: Sequence[Any]) -> Limit:
                 burst or limit.burst, limit.per, limit.name)
 
 
-def _lock_buckets(wanted: Iterable[tuple[Target, Limit, str]], now: datetime
-                  ) -> dict[tuple[str, str, str], _Bucket]:
+def _lock_buckets(wanted: Iterable[tuple[Target, Limit, str]], now: datetime, *,
+                  lock: bool = True) -> dict[tuple[str, str, str], _Bucket]:
     """Lock the buckets of ``wanted`` (target, limit, key) in id order, with their
-    overrides, making the missing ones; keyed by (target, limit name, key).
+    overrides, making the missing ones; keyed by (target, limit name, key). ``lock``
+    False: read them as they are, a missing one as new (full, nothing running).
 
     Index: ``jobs_limit_bucket_key``."""
     wanted = sorted({(t.name, limit.name, key): (t, limit, key) for t, limit, key in wanted}
                     .values(), key=lambda w: (w[0].name, w[1].name, w[2]))
     rows = [(t.name, limit.name, key) for t, limit, key in wanted]
-    found = _locked(rows)
+    found = _locked(rows) if lock else _read(rows)
     existing = {tuple(row[1:4]) for row in found}
     missing = [row for row in rows if row not in existing]
-    if missing:
+    if missing and lock:
         # A new bucket is full: its tokens are read as its burst until first written. Its
         # id is above every bucket's locked so far: the id order of the locks holds.
         source, params = named(table(missing, ("text", "text", "text"), arrays_from=1,
@@ -217,6 +218,22 @@ def _lock_buckets(wanted: Iterable[tuple[Target, Limit, str]], now: datetime
         read_dt(refilled_at), read_dt(blocked_until))
         for bucket_id, target, name, key, tokens, refilled_at, blocked_until, *override
         in found}
+
+
+def _read(keys: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
+    """The buckets of ``keys`` (target, limit name, key) with their overrides, unlocked; a
+    missing one as new (id 0: full, never used).
+
+    Index: ``jobs_limit_bucket_key``."""
+    source, params = named(table(keys, ("text", "text", "text"), arrays_from=1,
+                                 as_json=True), "keys")
+    return fetch(
+        f"WITH v(target, name, key) AS ({source}) "
+        "SELECT COALESCE(b.id, 0), v.target, v.name, v.key, COALESCE(b.tokens, 0), "
+        "b.refilled_at, b.blocked_until, o.slots, o.starts, o.period_s, o.burst FROM v "
+        f"LEFT JOIN {LIMIT_BUCKETS} b ON b.target = v.target AND b.name = v.name "
+        f"AND b.key = v.key LEFT JOIN {LIMIT_OVERRIDES} o ON o.target = v.target "
+        "AND o.name = v.name", params)
 
 
 def _locked(keys: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
@@ -266,6 +283,20 @@ def _write_buckets(buckets: Iterable[_Bucket], now: datetime) -> None:
             {**params, "now": dt(now)})
 
 
+def _count_held_back(buckets: Iterable[_Bucket]) -> None:
+    """Add the times these buckets held a due row back, without locking them (an update
+    of the count alone; their tokens are left to the admissions that lock them).
+
+    Index: the primary key."""
+    rows = [(b.id, b.throttled) for b in buckets if b.throttled and b.id]
+    if not rows:
+        return
+    source, params = named(table(rows, ("bigint", "bigint"), arrays_from=1, as_json=True),
+                           "rows")
+    execute(f"WITH v(id, held) AS ({source}) UPDATE {LIMIT_BUCKETS} SET throttled = "
+            f"throttled + v.held FROM v WHERE {LIMIT_BUCKETS}.id = v.id", params)
+
+
 class _Plan(NamedTuple):
     takes: dict[tuple[str, str], int]  # (target, limit key) -> rows to take
     buckets: dict[tuple[str, str, str], _Bucket]
@@ -278,15 +309,16 @@ class _Plan(NamedTuple):
 
 def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now: datetime,
           running: Mapping[tuple[str, str], int] | None, rated: int | None = None,
-          wants: Mapping[tuple[str, str], int] | None = None) -> _Plan:
+          wants: Mapping[tuple[str, str], int] | None = None, *, lock: bool = True) -> _Plan:
     """Lock the buckets of ``keys`` (in their heads' run order) and share ``limit`` rows
     among them as the slots and tokens allow, of which at most ``rated`` (None: no bound
     of its own) of targets with a rate limit. ``running``: None to count the running rows
     after the locks (the long lane); the fast lane has none. ``wants``: the rows each key
-    has read (the fast lane); without it a key is held back only when it gets none."""
+    has read (the fast lane); without it a key is held back only when it gets none.
+    ``lock`` False: a guess from the buckets as they are, nothing locked or written."""
     wanted = [(target, lim, key_of(lim, key)) for target, key in keys
               for lim in target.limits.limits]
-    buckets = _lock_buckets(wanted, now)
+    buckets = _lock_buckets(wanted, now, lock=lock)
     now = max([now] + [b.refilled_at for b in buckets.values() if b.refilled_at is not None
                        and not (b.blocked_until is not None and b.blocked_until > now)])
     if running is None:
@@ -408,9 +440,35 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
                         max(0.0, (due - now).total_seconds()), now, cursor)
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
     with transaction.atomic():
-        plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
-        reserved = (_take(plan.takes, owner, token, plan.at, lease_s, start) if plan.takes
-                    else [])
+        # The rows a guess from the buckets as they are lets in, taken before the buckets
+        # are locked: the locks are then held only to count and commit, and two workers
+        # admitting one key wait on each other that long, not for each other's take.
+        guess = _plan(keys, limit, at_most_once, now, None, rated_limit, lock=False)
+        if not guess.takes:  # every key held back: counted, nothing locked
+            _count_held_back(guess.buckets.values())
+            return Admitted(ReservedRows(), 0.0 if cursor is not FIRST_KEYS else guess.wait_s,
+                            guess.at, cursor)
+        try:
+            with transaction.atomic():  # a savepoint: the guess's rows, if they go back
+                reserved = (_take(guess.takes, owner, token, guess.at, lease_s, start)
+                            if guess.takes else [])
+                plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
+                if reserved and not _held_to(plan, reserved, guess.at, by_name):
+                    raise _OverLimit
+        except _OverLimit:
+            # Over a limit after all (another worker admitted meanwhile): as if never taken,
+            # then what the locked buckets allow.
+            plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
+            reserved = (_take(plan.takes, owner, token, plan.at, lease_s, start)
+                        if plan.takes else [])
+        else:
+            # What the guess took and held back is what happened.
+            plan = _Plan(_taken_per_key(reserved), plan.buckets, guess.wait_s, plan.at)
+            for name, bucket in plan.buckets.items():
+                bucket.taken, bucket.throttled = 0, guess.buckets[name].throttled
+            for (target_name, key), take in plan.takes.items():
+                for lim in by_name[target_name].limits.limits:
+                    plan.buckets[(target_name, lim.name, key_of(lim, key))].taken += take
         got: dict[tuple[str, str], int] = defaultdict(int)
         for row in reserved:
             got[(row.job.target, row.job.limit_key or TARGET_KEY)] += 1
@@ -423,6 +481,37 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
     reserved.sort(key=lambda r: (r.job.target, r.job.id))
     wait_s = 0.0 if not reserved and cursor is not FIRST_KEYS else plan.wait_s
     return Admitted(ReservedRows(reserved), wait_s, plan.at, cursor)
+
+
+class _OverLimit(Exception):
+    """Rows taken on a guess are over a limit of the locked buckets: they go back."""
+
+
+def _taken_per_key(reserved: Sequence[Reserved]) -> dict[tuple[str, str], int]:
+    got: dict[tuple[str, str], int] = defaultdict(int)
+    for row in reserved:
+        got[(row.job.target, row.job.limit_key or TARGET_KEY)] += 1
+    return dict(got)
+
+
+def _held_to(plan: _Plan, reserved: Sequence[Reserved], taken_at: datetime,
+             by_name: Mapping[str, Target]) -> bool:
+    """Whether the rows taken on a guess are within the limits of the locked buckets:
+    their running rows (counted after the locks, ours among them) within the slots, the
+    tokens at the rows' time within the tokens left. A bucket refilled after that time
+    (another worker's admission committed meanwhile) is no: the rows would be stamped
+    before their tokens."""
+    for (target_name, key), count in _taken_per_key(reserved).items():
+        for lim in by_name[target_name].limits.limits:
+            bucket = plan.buckets[(target_name, lim.name, key_of(lim, key))]
+            if bucket.blocked_until is not None and bucket.blocked_until > taken_at:
+                return False
+            if isinstance(bucket.limit, Concurrency):
+                if bucket.running > bucket.limit.slots:
+                    return False
+            elif plan.at > taken_at or math.floor(bucket.tokens_at(taken_at) + 1e-9) < count:
+                return False
+    return True
 
 
 def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: datetime,

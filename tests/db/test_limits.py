@@ -296,3 +296,30 @@ def test_rows_of_a_target_that_dropped_its_limits_run_as_any_other(targets: Any,
     assert long_worker().run_once(now) == 0
     assert RetentionService(SETTINGS).run_once(now).rekeyed == 3
     assert long_worker().run_once(now) == 3
+
+
+def test_rows_taken_on_a_stale_guess_are_given_back_untouched_under_the_locks(
+        targets: Any, now: datetime, monkeypatch: Any) -> None:
+    """The admission takes rows on a guess from the buckets as they are, then locks them
+    and counts again: another worker's admission committed in between is seen, and the
+    rows over the slots go back as they were, never written."""
+    from jobs_engine.store import limits as store_limits
+
+    targets("lim.stale", lane="long", limits=[Concurrency(2)])
+    enqueue_many([{"target": "lim.stale", "payload": n} for n in range(6)])
+    assert len(reserve("lim.stale", now).rows) == 2  # another worker holds both slots
+    before = dict(JobModel.objects.filter(status=JobStatus.PENDING)
+                  .values_list("id", "updated_at"))
+    counted = store_limits._running
+    calls: list[int] = []
+
+    def stale_first(names: Any) -> dict[tuple[str, str], int]:
+        calls.append(1)
+        return {} if len(calls) == 1 else counted(names)  # the guess misses the 2 running
+
+    monkeypatch.setattr(store_limits, "_running", stale_first)
+    assert reserve("lim.stale", now).rows == []
+    assert running("lim.stale") == 2
+    after = dict(JobModel.objects.filter(status=JobStatus.PENDING)
+                 .values_list("id", "updated_at"))
+    assert after == before and len(calls) >= 2
