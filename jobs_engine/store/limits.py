@@ -87,6 +87,7 @@ LIMIT_OVERRIDES = "jobs_engine_limit_override"
 # held back by their limits), at least ``MIN_KEYS``; the later keys by later admissions.
 KEYS_PER_ROW = 2
 MIN_KEYS = 16
+KEYS_NAMED = 16  # the take names its keys' values up to this many keys (``_take``)
 
 
 class Target(Protocol):
@@ -536,7 +537,20 @@ def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: dat
               f"started_at = {_STARTED_AT}, updated_at = %(now)s FROM picked "
               f"WHERE {JOBS}.id = picked.id AND {JOBS}.status = %(pending)s "
               f"RETURNING {_RESERVED_COLUMNS}")
-    if is_postgres():
+    if is_postgres() and len(takes) <= KEYS_NAMED:
+        # A branch per key, its values known to the planner: a key of one row beside one of
+        # a million is read through the index (an array's values, unknown when planned,
+        # had the million-row key's plan read for both).
+        picked = " UNION ALL ".join(
+            "SELECT id FROM (" + first.format(key=f"%(key{n})s", target=f"%(target{n})s",
+                                              take=f"%(take{n})s") + f") AS k{n}"
+            for n in range(len(takes)))
+        rows = fetch(update.format(picked=picked), {
+            **params, **{f"{name}{n}": value for n, ((target, key), take) in
+                         enumerate(takes.items())
+                         for name, value in (("target", target), ("key", key),
+                                             ("take", take))}})
+    elif is_postgres():
         wanted = ("SELECT * FROM unnest(%(targets)s::text[], %(keys)s::text[], "
                   "%(takes)s::int[]) AS w(target, limit_key, take)")
         picked = (f"SELECT p.id FROM ({wanted}) AS w CROSS JOIN LATERAL ("
