@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -377,6 +378,13 @@ def _limit_id(target: Any, name: Any) -> str:
     return f"{clean(target, 200)}/{clean(name, 60)}"
 
 
+def _platform_limit(target: Any, name: Any, scope: Scope, _raw: Any) -> tuple[str, Limit]:
+    """The target's name and the limit ``name`` it declares, for the platform operator only
+    (403 for anyone else, 404 for an unknown target or limit): an override's ``parse``."""
+    _platform_only(scope)
+    return _declared_limit(target, name)
+
+
 def set_limit_override(target: Any, name: Any, values: Mapping[str, Any], actor: Any,
                        now: datetime | None = None, *, scope: Scope = PLATFORM
                        ) -> LimitSetting:
@@ -385,10 +393,6 @@ def set_limit_override(target: Any, name: Any, values: Mapping[str, Any], actor:
     override; every worker applies it at its next admission. An unknown target or limit
     is 404, a value that cannot be 400; nothing is changed either way. The platform
     operator's alone (403 otherwise)."""
-    def parse(raw: Any) -> tuple[str, Limit]:
-        _platform_only(scope)
-        return _declared_limit(target, name)
-
     def attempt(key: tuple[str, Limit]) -> tuple[LimitSetting, str]:
         target_name, declared = key
         checked = check_override(declared, values)
@@ -398,7 +402,8 @@ def set_limit_override(target: Any, name: Any, values: Mapping[str, Any], actor:
         after = limit_setting(target_name, declared)
         return after, f"{before.in_force} -> {after.in_force} (declared {declared})"
 
-    return act(SET_OVERRIDE, LIMIT, _limit_id(target, name), actor, parse, attempt,
+    return act(SET_OVERRIDE, LIMIT, _limit_id(target, name), actor,
+               partial(_platform_limit, target, name, scope), attempt,
                scope=scope, audited_as=lambda setting: _limit_id(setting.target, setting.name))
 
 
@@ -406,10 +411,6 @@ def clear_limit_override(target: Any, name: Any, actor: Any, *, scope: Scope = P
                          ) -> LimitSetting:
     """Back to the declared values of the limit ``name`` of ``target`` (a no-op on a limit
     without override, still audited). The platform operator's alone (403 otherwise)."""
-    def parse(raw: Any) -> tuple[str, Limit]:
-        _platform_only(scope)
-        return _declared_limit(target, name)
-
     def attempt(key: tuple[str, Limit]) -> tuple[LimitSetting, str]:
         target_name, declared = key
         before = limit_setting(target_name, declared)
@@ -418,7 +419,8 @@ def clear_limit_override(target: Any, name: Any, actor: Any, *, scope: Scope = P
                    else f"had no override ({declared})")
         return limit_setting(target_name, declared), message
 
-    return act(CLEAR_OVERRIDE, LIMIT, _limit_id(target, name), actor, parse, attempt,
+    return act(CLEAR_OVERRIDE, LIMIT, _limit_id(target, name), actor,
+               partial(_platform_limit, target, name, scope), attempt,
                scope=scope, audited_as=lambda setting: _limit_id(setting.target, setting.name))
 
 
