@@ -39,6 +39,7 @@ from jobs_engine.store.connection import execute, fetch, is_postgres, named
 from jobs_engine.store.dialect import (
     dt,
     for_update,
+    greatest,
     in_,
     int_array,
     json_dt,
@@ -610,7 +611,8 @@ def limits_block(target: Target, limit_key: str | None, until: datetime, now: da
                  ) -> None:
     """A handler of ``target`` raised ``RateLimited``: each of its limits' buckets of the
     row's key takes no start until ``until`` (its rate tokens emptied), counted as held
-    back once.
+    back once. A bucket's time never moves back: ``until`` read on a worker's clock that
+    lags another's admission would otherwise refill the tokens that admission took.
 
     Index: ``jobs_limit_bucket_key``."""
     rows = [(target.name, lim.name, key_of(lim, limit_key)) for lim in target.limits.limits]
@@ -622,8 +624,14 @@ def limits_block(target: Target, limit_key: str | None, until: datetime, now: da
             "(target, name, key, tokens, refilled_at, blocked_until, admitted, throttled, "
             "used_at) SELECT target, name, key, 0, %(until)s, %(until)s, 0, 1, %(now)s FROM v "
             "WHERE true ON CONFLICT (target, name, key) DO UPDATE SET tokens = 0, "
-            "refilled_at = excluded.refilled_at, blocked_until = excluded.blocked_until, "
+            f"refilled_at = {_later('b.refilled_at', 'excluded.refilled_at')}, "
+            f"blocked_until = {_later('b.blocked_until', 'excluded.blocked_until')}, "
             "throttled = b.throttled + 1", {**params, "now": dt(now), "until": dt(until)})
+
+
+def _later(kept: str, new: str) -> str:
+    """The later of a bucket's time and a new one (the new one where it had none)."""
+    return greatest(f"COALESCE({kept}, {new})", new)
 
 
 def limit_buckets_prune(target: str, name: str, idle_before: datetime, now: datetime,

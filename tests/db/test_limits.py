@@ -263,6 +263,21 @@ def test_an_admission_whose_clock_is_behind_the_buckets_pays_for_its_tokens_once
     assert started == {now}
 
 
+def test_a_block_read_on_a_clock_behind_the_bucket_gives_back_no_token(
+        targets: Any, now: datetime) -> None:
+    """A handler's ``RateLimited`` judged on a worker whose clock lags another's admission
+    blocks until a moment the bucket has passed: the bucket keeps its later time, so the
+    block empties it and never refills the tokens that admission took."""
+    targets("lim.late", lane="long", limits=[Rate(20, period_s=1, burst=5)])
+    enqueue_many([{"target": "lim.late", "payload": n} for n in range(50)])
+    now += 10 * SECOND
+    assert len(reserve("lim.late", now).rows) == 5  # the burst
+    store.limits_block(get_target("lim.late"), "", now - 500 * MILLISECOND, now - SECOND)
+    assert len(reserve("lim.late", now + 50 * MILLISECOND).rows) == 1  # one token since
+    bucket = LimitBucket.objects.get(target="lim.late")
+    assert bucket.blocked_until == now - 500 * MILLISECOND and bucket.throttled >= 1
+
+
 @pytest.mark.parametrize("limits", [[Concurrency(1)], [Concurrency(1, per=PER_TENANT)],
                                     [Concurrency(1, per=per_field("account"))]])
 def test_rows_enqueued_before_a_target_declared_limits_are_keyed_and_run_under_them(
