@@ -627,7 +627,7 @@ def poll_at(o: Options, size: str, n: int, out: Metrics, plan: bool) -> str | No
 
 
 POLL_CASES = ("held", "free", "keyed", "reserve", "next_due", "empty")
-DUE_KEYS, LOCK_BUCKETS = "limits: due keys", "limits: lock buckets"  # sqlcount.KINDS
+DUE_KEYS, ADMIT = "limits: due keys", "limits: admit"  # sqlcount.KINDS
 
 
 def part_poll(o: Options, r: int) -> Metrics:
@@ -647,10 +647,10 @@ def part_poll(o: Options, r: int) -> Metrics:
         for unit in ("cpu_us",):
             out[f"limits:poll:{case}:{unit}:ratio"] = (out[f"limits:poll:{case}:big:{unit}"]
                                                        / out[f"limits:poll:{case}:small:{unit}"])
-    # The statements by kind, big / small: the key skip scan, and the bucket lock (a one-row
-    # table: the same work at any backlog, so its ratio is the host's drift meanwhile).
+    # The statements by kind, big / small: the key skip scan, and the admission's call (the
+    # buckets locked, the running rows counted, the take, the buckets written).
     for case in ("held", "free", "keyed"):
-        for kind, name in ((DUE_KEYS, "due_keys"), (LOCK_BUCKETS, "lock")):
+        for kind, name in ((DUE_KEYS, "due_keys"), (ADMIT, "admit")):
             small = out.get(f"limits:poll:{case}:small:kind:{kind}")
             big = out.get(f"limits:poll:{case}:big:kind:{kind}")
             if small and big:
@@ -684,11 +684,13 @@ def poll_plans(n: int, held: Timed, free: Timed, keyed: Timed,
          "WITH RECURSIVE keys"),
         ("the RUNNING rows per key (_running), slots held", held.statements,
          "GROUP BY target, limit_key"),
-        ("the take (_take), slots free: two rows admitted", free.statements, "WITH picked AS"),
+        ("the admission's call (jobs_engine_limits_admit: the buckets locked, the running "
+         "rows counted again, the take, the buckets written), slots free: two rows "
+         "admitted", free.statements, "jobs_engine_limits_admit("),
         ("the key skip scan, one key full and one free", keyed.statements,
          "WITH RECURSIVE keys"),
-        ("the take, one key full and one free: the free key's row", keyed.statements,
-         "WITH picked AS"),
+        ("the admission's call, one key full and one free: the free key's row",
+         keyed.statements, "jobs_engine_limits_admit("),
         ("the free targets' reserve of the same worker (jobs_long_reserve, from the first "
          "row): finds nothing", reserve_sql, "locked_above AS"),
         ("the next due row after an empty poll (jobs_long_next_due, every long target)",

@@ -403,8 +403,8 @@ def limit_rows(o: Options) -> list[Row]:
                     f"{big} PENDING", "ms"),
                 Row(f"limits:poll:{case}:due_keys:ratio", f"  ratio {big} / {small}, the key "
                     f"skip scan, {case}", "x"),
-                Row(f"limits:poll:{case}:lock:ratio", f"  ratio {big} / {small}, the bucket "
-                    f"lock, {case} (a one-row table: the host's drift between the two)", "x"),
+                Row(f"limits:poll:{case}:admit:ratio", f"  ratio {big} / {small}, the "
+                    f"admission's call (locks, count, take, write), {case}", "x"),
             ]
     return rows
 

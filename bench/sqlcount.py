@@ -28,7 +28,10 @@ DUMP_S = 0.05
 
 # (kind, a piece of its text): the first that the statement holds names it.
 KINDS = (
+    ("limits: admit", "jobs_engine_limits_admit("),
     ("limits: due keys", "WITH RECURSIVE keys"),
+    ("limits: read buckets", "LEFT JOIN jobs_engine_limit_bucket b"),
+    ("limits: count held back", "throttled + v.held"),
     ("limits: lock buckets", "JOIN v ON v.target = b.target"),
     ("limits: new buckets", "INSERT INTO jobs_engine_limit_bucket"),
     ("limits: running", "GROUP BY target, limit_key"),

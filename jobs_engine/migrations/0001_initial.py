@@ -24,7 +24,7 @@ from django.db import migrations, models
 from jobs_engine.store.functions import postgresql_functions
 
 # The sha256 of store/sql/enqueue.sql this migration was written for.
-ENQUEUE_SQL_DIGEST = "499a8c0b237d27424c2c76a9823dcc13a70b9022d6bba6884a8ad88243057cdd"
+ENQUEUE_SQL_DIGEST = "f8edfc8f79fa59eaf4bb6a3746406feb6cf207c4cde729098355e5ef113a33d2"
 
 
 class Migration(migrations.Migration):

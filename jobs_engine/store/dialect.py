@@ -105,6 +105,12 @@ def int_array(values: Sequence[int]) -> str:
     return "{" + ",".join(map(str, values)) + "}"
 
 
+def number_array(values: Sequence[float | bool | None]) -> str:
+    """A literal of an array of numbers or booleans, None as NULL (PostgreSQL)."""
+    return "{" + ",".join("NULL" if v is None else ("t" if v else "f") if isinstance(v, bool)
+                          else repr(v) for v in values) + "}"
+
+
 def text_array(values: Sequence[str]) -> str:
     """A ``text[]`` literal (PostgreSQL)."""
     return "{" + ",".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'

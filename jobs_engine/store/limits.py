@@ -44,8 +44,8 @@ from jobs_engine.store.dialect import (
     int_array,
     json_dt,
     json_text_field,
+    number_array,
     read_dt,
-    skip_locked,
     table,
     text_array,
 )
@@ -58,6 +58,7 @@ from jobs_engine.store.long import (
 )
 from jobs_engine.store.rows import (
     JOBS,
+    LIMITS_ADMIT_FUNCTION,
     LONG_PENDING,
     PAUSES,
     PENDING_VALUE,
@@ -88,7 +89,6 @@ LIMIT_OVERRIDES = "jobs_engine_limit_override"
 # held back by their limits), at least ``MIN_KEYS``; the later keys by later admissions.
 KEYS_PER_ROW = 2
 MIN_KEYS = 16
-KEYS_NAMED = 16  # the take names its keys' values up to this many keys (``_take``)
 
 
 class Target(Protocol):
@@ -158,8 +158,9 @@ class _Bucket:
         ``now``, or the end of a block still running (tokens come only after it)."""
         if self.refilled_at is not None and self.refilled_at > now:  # a block's end
             return self.tokens - self.taken, self.refilled_at
-        tokens = self.tokens_at(now) if isinstance(self.limit, Rate) else 0.0
-        return tokens - self.taken, now
+        if isinstance(self.limit, Rate):
+            return self.tokens_at(now) - self.taken, now
+        return 0.0, now  # slots are the running rows: a concurrency bucket has no tokens
 
     def room(self, now: datetime) -> int:
         """Rows this bucket lets start now, beyond those taken in this admission."""
@@ -441,138 +442,114 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
         return Admitted(ReservedRows(), None if due is None else
                         max(0.0, (due - now).total_seconds()), now, cursor)
     at_most_once = limit if at_most_once_limit is None else min(limit, at_most_once_limit)
-    with transaction.atomic():
-        # The rows a guess from the buckets as they are lets in, taken before the buckets
-        # are locked: the locks are then held only to count and commit, and two workers
-        # admitting one key wait on each other that long, not for each other's take.
-        guess = _plan(keys, limit, at_most_once, now, None, rated_limit, lock=False)
-        if not guess.takes:  # every key held back: counted, nothing locked
-            _count_held_back(guess.buckets.values())
-            return Admitted(ReservedRows(), 0.0 if cursor is not FIRST_KEYS else guess.wait_s,
-                            guess.at, cursor)
-        try:
-            with transaction.atomic():  # a savepoint: the guess's rows, if they go back
-                reserved = (_take(guess.takes, owner, token, guess.at, lease_s, start)
-                            if guess.takes else [])
-                plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
-                if reserved and not _held_to(plan, reserved, guess.at, by_name):
-                    raise _OverLimit
-        except _OverLimit:
-            # Over a limit after all (another worker admitted meanwhile): as if never taken,
-            # then what the locked buckets allow.
+    if is_postgres():
+        # A plan from the buckets as they are, unlocked; one call then locks them, counts
+        # again and cuts each key's take to what they allow (the locks held for that call
+        # only). Every key held back: counted, nothing locked.
+        plan = _plan(keys, limit, at_most_once, now, None, rated_limit, lock=False)
+        if plan.takes:
+            reserved, at = _admit(plan, by_name, owner, token, lease_s, start)
+        else:
+            _count_held_back(plan.buckets.values())
+            reserved, at = [], plan.at
+    else:  # one writer at a time: the buckets' lock is the database's
+        with transaction.atomic():
             plan = _plan(keys, limit, at_most_once, now, None, rated_limit)
             reserved = (_take(plan.takes, owner, token, plan.at, lease_s, start)
                         if plan.takes else [])
-        else:
-            # What the guess took and held back is what happened.
-            plan = _Plan(_taken_per_key(reserved), plan.buckets, guess.wait_s, plan.at)
-            for name, bucket in plan.buckets.items():
-                bucket.taken, bucket.throttled = 0, guess.buckets[name].throttled
-            for (target_name, key), take in plan.takes.items():
-                for lim in by_name[target_name].limits.limits:
-                    plan.buckets[(target_name, lim.name, key_of(lim, key))].taken += take
-        got: dict[tuple[str, str], int] = defaultdict(int)
-        for row in reserved:
-            got[(row.job.target, row.job.limit_key or TARGET_KEY)] += 1
-        for (target_name, key), take in plan.takes.items():
-            short = take - got[(target_name, key)]
-            if short:  # rows another worker locked meanwhile: their slots and tokens stay
-                for lim in by_name[target_name].limits.limits:
-                    plan.buckets[(target_name, lim.name, key_of(lim, key))].taken -= short
-        _write_buckets(plan.buckets.values(), plan.at)
+            _write_buckets(_given_back(plan, reserved, by_name).buckets.values(), plan.at)
+        at = plan.at
     reserved.sort(key=lambda r: (r.job.target, r.job.id))
     wait_s = 0.0 if not reserved and cursor is not FIRST_KEYS else plan.wait_s
-    return Admitted(ReservedRows(reserved), wait_s, plan.at, cursor)
+    return Admitted(ReservedRows(reserved), wait_s, at, cursor)
 
 
-class _OverLimit(Exception):
-    """Rows taken on a guess are over a limit of the locked buckets: they go back."""
-
-
-def _taken_per_key(reserved: Sequence[Reserved]) -> dict[tuple[str, str], int]:
+def _given_back(plan: _Plan, reserved: Sequence[Reserved], by_name: Mapping[str, Target]
+                ) -> _Plan:
+    """``plan`` with the slots and tokens of the rows it could not take (another worker
+    had locked them) given back to its buckets."""
     got: dict[tuple[str, str], int] = defaultdict(int)
     for row in reserved:
         got[(row.job.target, row.job.limit_key or TARGET_KEY)] += 1
-    return dict(got)
+    for (target_name, key), take in plan.takes.items():
+        short = take - got[(target_name, key)]
+        if short:
+            for lim in by_name[target_name].limits.limits:
+                plan.buckets[(target_name, lim.name, key_of(lim, key))].taken -= short
+    return plan
 
 
-def _held_to(plan: _Plan, reserved: Sequence[Reserved], taken_at: datetime,
-             by_name: Mapping[str, Target]) -> bool:
-    """Whether the rows taken on a guess are within the limits of the locked buckets:
-    their running rows (counted after the locks, ours among them) within the slots, the
-    tokens at the rows' time within the tokens left. A bucket refilled after that time
-    (another worker's admission committed meanwhile) is no: the rows would be stamped
-    before their tokens."""
-    for (target_name, key), count in _taken_per_key(reserved).items():
-        for lim in by_name[target_name].limits.limits:
-            bucket = plan.buckets[(target_name, lim.name, key_of(lim, key))]
-            if bucket.blocked_until is not None and bucket.blocked_until > taken_at:
-                return False
-            if isinstance(bucket.limit, Concurrency):
-                if bucket.running > bucket.limit.slots:
-                    return False
-            elif plan.at > taken_at or math.floor(bucket.tokens_at(taken_at) + 1e-9) < count:
-                return False
-    return True
+# The admission function's arrays, in its arguments' order, and their types.
+_ADMIT_ARRAYS = (("k_target", "text"), ("k_key", "text"), ("k_take", "integer"),
+                 ("b_target", "text"), ("b_name", "text"), ("b_key", "text"),
+                 ("b_slots", "integer"), ("b_starts", "integer"),
+                 ("b_period_s", "double precision"), ("b_burst", "integer"),
+                 ("b_whole", "boolean"), ("b_held", "integer"), ("k_of", "integer"),
+                 ("b_of", "integer"))
+_ADMIT = (f"SELECT {_RESERVED_COLUMNS}, {JOBS}.updated_at FROM {LIMITS_ADMIT_FUNCTION}("
+          + ", ".join(f"%({name})s::{kind}[]" for name, kind in _ADMIT_ARRAYS)
+          + f", %(owner)s, %(token)s, %(now)s, %(lease_s)s, %(start)s) AS {JOBS}")
+
+
+def _admit(plan: _Plan, by_name: Mapping[str, Target], owner: str, token: str,
+           lease_s: float, start: bool) -> tuple[list[Reserved], datetime]:
+    """``plan``'s takes claimed by ``jobs_engine_limits_admit`` (``sql/enqueue.sql``),
+    which holds them to the buckets as it locks them; the rows, and the admission's time.
+
+    Index: ``jobs_limit_bucket_key``, ``jobs_limited_running``, ``jobs_limited_pending``."""
+    names = list(plan.buckets)
+    place = {name: n for n, name in enumerate(names, 1)}
+    limits = [bucket.limit for bucket in plan.buckets.values()]
+    links = [(k, place[(target_name, lim.name, key_of(lim, key))])
+             for k, (target_name, key) in enumerate(plan.takes, 1)
+             for lim in by_name[target_name].limits.limits]
+    rates = [lim if isinstance(lim, Rate) else None for lim in limits]
+    arrays = {
+        "k_target": text_array([target for target, _ in plan.takes]),
+        "k_key": text_array([key for _, key in plan.takes]),
+        "k_take": int_array(list(plan.takes.values())),
+        "b_target": text_array([target for target, _, _ in names]),
+        "b_name": text_array([name for _, name, _ in names]),
+        "b_key": text_array([key for _, _, key in names]),
+        "b_slots": number_array([lim.slots if isinstance(lim, Concurrency) else None
+                                 for lim in limits]),
+        "b_starts": number_array([None if r is None else r.starts for r in rates]),
+        "b_period_s": number_array([None if r is None else float(r.period_s)
+                                    for r in rates]),
+        "b_burst": number_array([None if r is None else r.burst for r in rates]),
+        "b_whole": number_array([lim.per == PER_TARGET for lim in limits]),
+        "b_held": int_array([bucket.throttled for bucket in plan.buckets.values()]),
+        "k_of": int_array([k for k, _ in links]),
+        "b_of": int_array([b for _, b in links])}
+    rows = fetch(_ADMIT, {**arrays, "owner": owner, "token": token, "now": dt(plan.at),
+                          "lease_s": float(lease_s), "start": start})
+    return [_reserved(row) for row in rows], (read_dt(rows[0][-1]) if rows else None) or plan.at
 
 
 def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: datetime,
           lease_s: float, start: bool) -> list[Reserved]:
-    """Lock each key's first ``take`` due rows and claim them, in the admission's
-    transaction.
+    """Claim each key's first ``take`` due rows, in the admission's transaction (SQLite;
+    PostgreSQL's admission claims them in ``jobs_engine_limits_admit``).
 
     Index: ``jobs_limited_pending``; the primary key on the update."""
     params: dict[str, Any] = {
         "pending": PENDING_VALUE, "now": dt(now), "running": RESERVE.target, "token": token,
         "owner": owner, "lease_until": dt(now + timedelta(seconds=lease_s)), "start": start}
-    # No pause test here: the keys' step left paused targets out, once per key (tested per
-    # row, the planner read every row of the key to sort them).
-    first = (f"SELECT j.id FROM {JOBS} j WHERE j.status = %(pending)s "
-             "AND j.limit_key = {key} AND j.target = {target} AND j.next_run_at <= %(now)s "
-             "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT {take}" + skip_locked())
-    # The picked rows in a CTE, evaluated once: as ``id IN (...)`` the planner may run the
-    # subquery again for the rows it tests, and its LIMIT then bounds nothing.
-    update = ("WITH picked AS ({picked}) "
-              f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
-              "claimed_by = %(owner)s, lease_until = %(lease_until)s, "
-              f"started_at = {_STARTED_AT}, updated_at = %(now)s FROM picked "
-              f"WHERE {JOBS}.id = picked.id AND {JOBS}.status = %(pending)s "
-              f"RETURNING {_RESERVED_COLUMNS}")
-    if is_postgres() and len(takes) <= KEYS_NAMED:
-        # A branch per key, its values known to the planner: a key of one row beside one of
-        # a million is read through the index (an array's values, unknown when planned,
-        # had the million-row key's plan read for both).
-        picked = " UNION ALL ".join(
-            "SELECT id FROM (" + first.format(key=f"%(key{n})s", target=f"%(target{n})s",
-                                              take=f"%(take{n})s") + f") AS k{n}"
-            for n in range(len(takes)))
-        rows = fetch(update.format(picked=picked), {
-            **params, **{f"{name}{n}": value for n, ((target, key), take) in
-                         enumerate(takes.items())
-                         for name, value in (("target", target), ("key", key),
-                                             ("take", take))}})
-    elif is_postgres():
-        wanted = ("SELECT * FROM unnest(%(targets)s::text[], %(keys)s::text[], "
-                  "%(takes)s::int[]) AS w(target, limit_key, take)")
-        picked = (f"SELECT p.id FROM ({wanted}) AS w CROSS JOIN LATERAL ("
-                  + first.format(key="w.limit_key", target="w.target", take="w.take")
-                  + ") AS p")
-        rows = fetch(update.format(picked=picked), {
-            **params, "targets": text_array([t for t, _ in takes]),
-            "keys": text_array([k for _, k in takes]),
-            "takes": int_array(list(takes.values()))})
-    else:
-        ids: list[int] = []
-        for (target_name, key), take in takes.items():
-            ids += [row[0] for row in fetch(
-                first.format(key="%(key)s", target="%(target)s", take="%(take)s"),
-                {**params, "key": key, "target": target_name, "take": take})]
-        if not ids:
-            return []
-        clause, id_params = named(in_("id", ids), "ids")
-        rows = fetch(update.format(picked=f"SELECT id FROM {JOBS} WHERE {clause}"),
-                     {**params, **id_params})
-    return [_reserved(row) for row in rows]
+    ids: list[int] = []
+    for (target_name, key), take in takes.items():
+        ids += [row[0] for row in fetch(
+            f"SELECT j.id FROM {JOBS} j WHERE j.status = %(pending)s AND j.limit_key = %(key)s "
+            "AND j.target = %(target)s AND j.next_run_at <= %(now)s "
+            "ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT %(take)s",
+            {**params, "key": key, "target": target_name, "take": take})]
+    if not ids:
+        return []
+    clause, id_params = named(in_("id", ids), "ids")
+    return [_reserved(row) for row in fetch(
+        f"UPDATE {JOBS} SET status = %(running)s, claim_token = %(token)s, "
+        "claimed_by = %(owner)s, lease_until = %(lease_until)s, "
+        f"started_at = {_STARTED_AT}, updated_at = %(now)s WHERE {clause} "
+        f"AND status = %(pending)s RETURNING {_RESERVED_COLUMNS}", {**params, **id_params})]
 
 
 def limits_admit_fast(jobs: Sequence[Job], targets: Mapping[str, Target], now: datetime

@@ -84,13 +84,15 @@ FLOWS = Flow._meta.db_table
 FLOW_STEPS = FlowStep._meta.db_table
 
 NOTIFY_CHANNEL = "jobs_engine"
-# PostgreSQL's functions of the enqueue and the wake-ups, made by the engine's migration.
+# PostgreSQL's functions of the enqueue, the wake-ups and the limits' admission, made by the
+# engine's migration.
 INSERT_ROWS_FUNCTION = "jobs_engine_enqueue_rows"  # any rows
 INSERT_PAYLOADS_FUNCTION = "jobs_engine_enqueue_payloads"  # payloads of one target only
 WAKE_FUNCTION = "jobs_engine_wake"  # after the commit, when a worker waited
 ENQUEUING_FUNCTION = "jobs_engine_enqueuing"  # the insert's look at its lanes
 ASK_FUNCTION = "jobs_engine_ask"
 FAST_ENQUEUES_FUNCTION = "jobs_engine_fast_enqueues"
+LIMITS_ADMIT_FUNCTION = "jobs_engine_limits_admit"  # the long lane's admission under limits
 
 
 # The shard a session's appended statistics rows name (``JobStatShard``: where they came

@@ -42,12 +42,15 @@ def test_the_file_splits_into_its_statements_each_undone_in_reverse() -> None:
     creates = create.findall(functions.ENQUEUE_SQL)
     assert [name for statement in made for name in create.findall(statement)] == creates
     assert all(create.match(statement) for statement in made)
-    assert len(creates) == 13 and not any(s.rstrip().endswith(";") for s in made)
+    assert len(creates) == 14 and not any(s.rstrip().endswith(";") for s in made)
     operation = functions.postgresql_functions(functions.sha256())
     assert operation.sql == made
     assert operation.reverse_sql == [functions.undo(s) for s in reversed(made)]
-    assert operation.reverse_sql[0] == "DROP FUNCTION IF EXISTS jobs_engine_fast_enqueues(" \
-        "OUT n bigint, OUT open boolean)"
+    assert operation.reverse_sql[0].startswith(
+        "DROP FUNCTION IF EXISTS jobs_engine_limits_admit(k_target text[], k_key text[], ")
+    assert operation.reverse_sql[0].endswith("p_lease_s double precision, p_start boolean)")
+    assert "DROP FUNCTION IF EXISTS jobs_engine_fast_enqueues(OUT n bigint, OUT open boolean)" \
+        in operation.reverse_sql
     assert "DROP FUNCTION IF EXISTS jobs_engine_enqueue_payloads(p_code text, p_target text, " \
         "p_lane text, p_delivery_mode text, p_partitions integer, p_trace_id text, " \
         "p_actor jsonb, payloads jsonb, p_tenant_id text)" in operation.reverse_sql

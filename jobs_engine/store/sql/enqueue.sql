@@ -258,3 +258,147 @@ BEGIN
     open := jobs_engine_enqueues_open('fast');
 END
 $$;
+
+-- The long lane's admission of rows its limits hold (store/limits.py,
+-- jobs_long_reserve_limited). The worker plans from the buckets as they are, read unlocked:
+-- k_take rows of key n (k_target, k_key), in that order. Here, in one call, the buckets are
+-- locked in id order, the running rows counted after the locks (each statement of a
+-- function sees what committed before it), each key's take cut to what its buckets allow
+-- now, the rows claimed and the buckets written: the locks are held for this call only,
+-- never across a round trip. A bucket (b_*) carries its limit's values in force: b_slots
+-- for a concurrency limit (b_whole: its slots count the whole target), else b_starts per
+-- b_period_s with b_burst; b_held: the keys it held back in the plan. Link n: key k_of[n]
+-- is under bucket b_of[n] (1-based). The admission's time is the caller's, or the latest
+-- refill of an unblocked bucket if that is later (another worker's clock ran ahead): tokens
+-- are counted at it, and so never twice. The rows come back claimed, updated_at that time.
+CREATE OR REPLACE FUNCTION jobs_engine_limits_admit(
+    k_target text[], k_key text[], k_take integer[],
+    b_target text[], b_name text[], b_key text[], b_slots integer[], b_starts integer[],
+    b_period_s double precision[], b_burst integer[], b_whole boolean[], b_held integer[],
+    k_of integer[], b_of integer[],
+    p_owner text, p_token text, p_now timestamptz, p_lease_s double precision,
+    p_start boolean)
+RETURNS SETOF jobs_engine_job
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    buckets integer := coalesce(array_length(b_target, 1), 0);
+    links integer := coalesce(array_length(k_of, 1), 0);
+    b_id bigint[] := array_fill(0::bigint, ARRAY[buckets]);
+    b_tokens double precision[] := array_fill(0::double precision, ARRAY[buckets]);
+    b_refilled timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
+    b_blocked timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
+    b_running bigint[];
+    b_room bigint[] := array_fill(0::bigint, ARRAY[buckets]);
+    b_taken integer[] := array_fill(0, ARRAY[buckets]);
+    held_now integer[] := coalesce(b_held, '{}');
+    b_left double precision[] := array_fill(0::double precision, ARRAY[buckets]);
+    b_at timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
+    admitted_at timestamptz := p_now;
+    locked record;
+    take bigint;
+    got bigint;
+    burst double precision;
+BEGIN
+    -- A new bucket is full: refilled_at NULL reads as its burst until first written.
+    INSERT INTO jobs_engine_limit_bucket (target, name, key, tokens, admitted, throttled,
+        used_at)
+    SELECT w.target, w.name, w.key, 0, 0, 0, p_now
+    FROM unnest(b_target, b_name, b_key) AS w(target, name, key)
+    WHERE NOT EXISTS (SELECT 1 FROM jobs_engine_limit_bucket e WHERE e.target = w.target
+                      AND e.name = w.name AND e.key = w.key)
+    ON CONFLICT (target, name, key) DO NOTHING;
+    FOR locked IN
+        SELECT b.id, w.n, b.tokens, b.refilled_at, b.blocked_until
+        FROM unnest(b_target, b_name, b_key) WITH ORDINALITY AS w(target, name, key, n)
+        JOIN jobs_engine_limit_bucket b ON b.target = w.target AND b.name = w.name
+             AND b.key = w.key
+        ORDER BY b.id FOR UPDATE OF b
+    LOOP
+        b_id[locked.n] := locked.id;
+        b_tokens[locked.n] := locked.tokens;
+        b_refilled[locked.n] := locked.refilled_at;
+        b_blocked[locked.n] := locked.blocked_until;
+        IF locked.refilled_at IS NOT NULL
+           AND NOT coalesce(locked.blocked_until > p_now, false) THEN
+            admitted_at := greatest(admitted_at, locked.refilled_at);
+        END IF;
+    END LOOP;
+    SELECT array_agg(CASE WHEN w.slots IS NULL THEN 0
+        WHEN w.whole THEN (SELECT count(*) FROM jobs_engine_job j WHERE j.status = 'RUNNING'
+                           AND j.limit_key IS NOT NULL AND j.target = w.target)
+        ELSE (SELECT count(*) FROM jobs_engine_job j WHERE j.status = 'RUNNING'
+              AND j.limit_key IS NOT NULL AND j.target = w.target AND j.limit_key = w.key)
+        END ORDER BY w.n)
+    INTO b_running
+    FROM unnest(b_target, b_key, b_slots, b_whole) WITH ORDINALITY AS w(target, key, slots,
+                                                                       whole, n);
+    FOR n IN 1..buckets LOOP
+        -- Its tokens at the admission's time, and the time they count from: a block's end
+        -- still ahead keeps its time and its (emptied) tokens.
+        IF b_refilled[n] > admitted_at THEN
+            b_left[n] := b_tokens[n];
+            b_at[n] := b_refilled[n];
+        ELSIF b_slots[n] IS NULL THEN
+            burst := coalesce(nullif(b_burst[n], 0), b_starts[n]);
+            b_left[n] := CASE WHEN b_refilled[n] IS NULL THEN burst ELSE least(burst,
+                b_tokens[n] + extract(epoch FROM admitted_at - b_refilled[n])::double precision
+                * b_starts[n] / b_period_s[n]) END;
+            b_at[n] := admitted_at;
+        ELSE
+            b_left[n] := 0;
+            b_at[n] := admitted_at;
+        END IF;
+        b_room[n] := CASE WHEN b_blocked[n] > admitted_at THEN 0
+                          WHEN b_slots[n] IS NOT NULL THEN greatest(0, b_slots[n] - b_running[n])
+                          ELSE greatest(0, floor(b_left[n] + 1e-9)) END;
+    END LOOP;
+    FOR k IN 1..coalesce(array_length(k_target, 1), 0) LOOP
+        take := k_take[k];
+        FOR n IN 1..links LOOP
+            IF k_of[n] = k THEN
+                take := least(take, b_room[b_of[n]]);
+            END IF;
+        END LOOP;
+        IF take < k_take[k] THEN  -- held back after all: by the buckets with no room left
+            FOR n IN 1..links LOOP
+                IF k_of[n] = k AND b_room[b_of[n]] = 0 THEN
+                    held_now[b_of[n]] := coalesce(held_now[b_of[n]], 0) + 1;
+                END IF;
+            END LOOP;
+        END IF;
+        CONTINUE WHEN take <= 0;
+        RETURN QUERY
+        WITH picked AS (
+            SELECT j.id FROM jobs_engine_job j
+            WHERE j.status = 'PENDING' AND j.limit_key = k_key[k] AND j.target = k_target[k]
+              AND j.next_run_at <= admitted_at
+            ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT take
+            FOR UPDATE SKIP LOCKED)
+        UPDATE jobs_engine_job AS j SET status = 'RUNNING', claim_token = p_token,
+            claimed_by = p_owner,
+            lease_until = admitted_at + p_lease_s * interval '1 second',
+            started_at = CASE WHEN p_start AND NOT EXISTS (
+                SELECT 1 FROM jobs_engine_targetpause p WHERE p.target = j.target)
+                THEN admitted_at END,
+            updated_at = admitted_at
+        FROM picked WHERE j.id = picked.id AND j.status = 'PENDING'
+        RETURNING j.*;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        FOR n IN 1..links LOOP
+            IF k_of[n] = k THEN
+                b_room[b_of[n]] := b_room[b_of[n]] - got;
+                b_taken[b_of[n]] := b_taken[b_of[n]] + got;
+            END IF;
+        END LOOP;
+    END LOOP;
+    UPDATE jobs_engine_limit_bucket AS b
+    SET tokens = CASE WHEN w.slots IS NULL OR w.refilled > admitted_at THEN w.left_ - w.taken
+                      ELSE 0 END,
+        refilled_at = w.at_, admitted = b.admitted + w.taken,
+        throttled = b.throttled + coalesce(w.held, 0), used_at = admitted_at
+    FROM unnest(b_id, b_left, b_at, b_taken, held_now, b_slots, b_refilled)
+         AS w(id, left_, at_, taken, held, slots, refilled)
+    WHERE b.id = w.id AND (w.taken > 0 OR coalesce(w.held, 0) > 0);
+END
+$$;
