@@ -140,6 +140,7 @@ class LongLane:
         self._in_hand: dict[int, str] = {}  # job id -> claim token
         self._pool = HandlerThreads(settings.LONG_BATCH, "long-lane") if threads else None
         self._next_due_at: float | None = None  # monotonic: a deferred row comes due then
+        self.quiet = False  # the last poll left nothing to take at once (``run_once``)
         # Where the next reserve starts (``store.LongCursor``), and when the next one from
         # the first due row is due (monotonic).
         self._cursor: store.LongCursor | None = None
@@ -213,6 +214,7 @@ class LongLane:
         """Rescue expired leases, then reserve and start rows; returns rows started. A poll
         answering a wake-up (``woken``) leaves the clock's reading and the rescue that fell
         due to the next poll: the woken row starts first."""
+        self.quiet = False
         now = now or self._time.now(defer_read=woken)
         clock = DatabaseClock(now, self._monotonic)
         if not woken:
@@ -256,6 +258,10 @@ class LongLane:
             flush_lazily=self.settings.LAZY_FLUSH_AT_LEAST_ONCE,
             after=self._reserve_from(woken), likely=self._likely())
         self._cursor = reserved.cursor or self._cursor
+        # The limits took what they allow and the free reserve all there was: a poll at
+        # once would find nothing; the next comes at a slot of this worker's freed (a
+        # poke), a token or a row due (``due_in_s``), a NOTIFY or the idle pace.
+        self.quiet = admitted.held_back and len(reserved) < limit
         until = self._monotonic() + LIKELY_S
         self._reserved_lately.update((r.job.target, until) for r in reserved)
         taken = reserved + admitted.rows
@@ -449,7 +455,8 @@ class LongLane:
             self._write([(token, result, probe, clock)])
             return
         self._outcomes.put((token, result, probe, clock))
-        self.on_row_done()
+        if job.limit_key is None:  # a limited row's slot is free once its outcome is
+            self.on_row_done()  # written (``_settle`` pokes then): a poll now finds it held
 
     def _write_outcomes(self) -> None:
         """The writer thread: every outcome queued while it wrote the last ones goes in

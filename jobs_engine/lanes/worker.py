@@ -344,7 +344,9 @@ class WorkerProcess:
                     step = self._survive(f"{lane} lane poll", run_once, 0)
                     faulted |= step.database_fault
                     handled_total += step.value
-                    delays.append(next_poll_delay(step.value, idle, self.settings))
+                    quiet = lane is Lane.LONG and self.long is not None and self.long.quiet
+                    delays.append(next_poll_delay(0 if quiet else step.value, idle,
+                                                  self.settings))
                     lane_runner = self.long if lane is Lane.LONG else self.fast
                     if lane_runner is not None:
                         due_in = lane_runner.due_in_s()

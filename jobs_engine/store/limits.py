@@ -58,12 +58,13 @@ from jobs_engine.store.long import (
 )
 from jobs_engine.store.rows import (
     JOBS,
+    LIMITED_PENDING,
+    LIMITED_RUNNING,
     LIMITS_ADMIT_FUNCTION,
     LONG_PENDING,
     PAUSES,
     PENDING_VALUE,
     RESERVE,
-    RUNNING_VALUE,
 )
 
 __all__ = [
@@ -120,12 +121,15 @@ class Admitted(NamedTuple):
     """What a limited reserve took, when the next admission could take more (seconds;
     None: nothing held back, or only by slots another worker holds), the admission's
     time, which the rows' ``started_at`` holds (``_Plan.at``), and where the next
-    admission looks at the keys."""
+    admission looks at the keys. ``held_back``: a key looked at kept rows back for its
+    limits, so an admission at once would find no more room (the lane waits for a slot of
+    its own to come free, a token, or its idle pace)."""
 
     rows: ReservedRows
     wait_s: float | None
     at: datetime
     cursor: KeyCursor = FIRST_KEYS
+    held_back: bool = False
 
 
 @dataclass
@@ -236,7 +240,7 @@ def _read(keys: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
         "b.refilled_at, b.blocked_until, o.slots, o.starts, o.period_s, o.burst FROM v "
         f"LEFT JOIN {LIMIT_BUCKETS} b ON b.target = v.target AND b.name = v.name "
         f"AND b.key = v.key LEFT JOIN {LIMIT_OVERRIDES} o ON o.target = v.target "
-        "AND o.name = v.name", params)
+        "AND o.name = v.name", params, prepare=True)
 
 
 def _locked(keys: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
@@ -252,17 +256,16 @@ def _locked(keys: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
         f"o.slots, o.starts, o.period_s, o.burst FROM {LIMIT_BUCKETS} b "
         "JOIN v ON v.target = b.target AND v.name = b.name AND v.key = b.key "
         f"LEFT JOIN {LIMIT_OVERRIDES} o ON o.target = b.target AND o.name = b.name "
-        f"ORDER BY b.id{for_update()}{' OF b' if for_update() else ''}", params)
+        f"ORDER BY b.id{for_update()}{' OF b' if for_update() else ''}", params, prepare=True)
 
 
 def _running(targets: Sequence[str]) -> dict[tuple[str, str], int]:
     """RUNNING rows per (target, limit key) of ``targets``.
 
     Index: ``jobs_limited_running``."""
-    clause, params = named(in_("target", targets), "targets")
-    rows = fetch(f"SELECT target, limit_key, count(*) FROM {JOBS} WHERE status = %(running)s "
-                 f"AND limit_key IS NOT NULL AND {clause} GROUP BY target, limit_key",
-                 {"running": RUNNING_VALUE, **params})
+    clause, params = named(in_("j.target", targets), "targets")
+    rows = fetch(f"SELECT j.target, j.limit_key, count(*) FROM {JOBS} j WHERE {LIMITED_RUNNING} "
+                 f"AND {clause} GROUP BY j.target, j.limit_key", params, prepare=True)
     return {(target, key): count for target, key, count in rows}
 
 
@@ -296,8 +299,8 @@ def _count_held_back(buckets: Iterable[_Bucket]) -> None:
         return
     source, params = named(table(rows, ("bigint", "bigint"), arrays_from=1, as_json=True),
                            "rows")
-    execute(f"WITH v(id, held) AS ({source}) UPDATE {LIMIT_BUCKETS} SET throttled = "
-            f"throttled + v.held FROM v WHERE {LIMIT_BUCKETS}.id = v.id", params)
+    fetch(f"WITH v(id, held) AS ({source}) UPDATE {LIMIT_BUCKETS} SET throttled = "
+          f"throttled + v.held FROM v WHERE {LIMIT_BUCKETS}.id = v.id", params, prepare=True)
 
 
 class _Plan(NamedTuple):
@@ -308,6 +311,7 @@ class _Plan(NamedTuple):
     # is later (another worker's admission with a later clock committed first). Tokens are
     # counted at it, and so never twice: a bucket's time only moves forward.
     at: datetime
+    held_back: bool = False  # a key's take was cut by its buckets' room
 
 
 def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now: datetime,
@@ -334,6 +338,7 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
             bucket.running = (per_target[target_name] if bucket.limit.per == PER_TARGET
                               else counted.get((target_name, key), 0))
     takes: dict[tuple[str, str], int] = {}
+    held_back = False
     waits: list[float] = []
     for target, key in keys:
         mine = [buckets[(target.name, lim.name, key_of(lim, key))]
@@ -341,10 +346,11 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
         at_most_once_row = target.delivery_mode._value_ == "at_most_once"
         has_rate = rated is not None and any(isinstance(b.limit, Rate) for b in mine)
         wants_here = limit if wants is None else wants.get((target.name, key), 0)
-        take = min([bucket.room(now) for bucket in mine] + [limit, wants_here]
-                   + ([at_most_once] if at_most_once_row else [])
-                   + ([rated] if has_rate and rated is not None else []))
-        take = max(take, 0)
+        room = min(bucket.room(now) for bucket in mine)
+        bound = min([limit, wants_here] + ([at_most_once] if at_most_once_row else [])
+                    + ([rated] if has_rate and rated is not None else []))
+        held_back |= room < bound
+        take = max(min(room, bound), 0)
         if take:
             takes[(target.name, key)] = take
             limit -= take
@@ -360,7 +366,7 @@ def _plan(keys: Sequence[tuple[Target, str]], limit: int, at_most_once: int, now
                     wait = bucket.wait_s(now)
                     if wait is not None:
                         waits.append(wait)
-    return _Plan(takes, buckets, min(waits) if waits else None, now)
+    return _Plan(takes, buckets, min(waits) if waits else None, now, held_back)
 
 
 def _due_keys(targets: Sequence[str], now: datetime, after: KeyCursor, count: int
@@ -407,9 +413,9 @@ def _next_due(targets: Sequence[str], now: datetime) -> datetime | None:
 
     Index: ``jobs_limited_pending``."""
     clause, params = named(in_("j.target", targets), "targets")
-    rows = fetch(f"SELECT MIN(j.next_run_at) FROM {JOBS} j WHERE j.status = %(pending)s "
-                 f"AND j.limit_key IS NOT NULL AND {clause} AND j.next_run_at > %(now)s",
-                 {**params, "pending": PENDING_VALUE, "now": dt(now)})
+    rows = fetch(f"SELECT MIN(j.next_run_at) FROM {JOBS} j WHERE {LIMITED_PENDING} "
+                 f"AND {clause} AND j.next_run_at > %(now)s", {**params, "now": dt(now)},
+                 prepare=True)
     return read_dt(rows[0][0]) if rows else None
 
 
@@ -461,7 +467,7 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
         at = plan.at
     reserved.sort(key=lambda r: (r.job.target, r.job.id))
     wait_s = 0.0 if not reserved and cursor is not FIRST_KEYS else plan.wait_s
-    return Admitted(ReservedRows(reserved), wait_s, at, cursor)
+    return Admitted(ReservedRows(reserved), wait_s, at, cursor, plan.held_back)
 
 
 def _given_back(plan: _Plan, reserved: Sequence[Reserved], by_name: Mapping[str, Target]
@@ -522,7 +528,7 @@ def _admit(plan: _Plan, by_name: Mapping[str, Target], owner: str, token: str,
         "k_of": int_array([k for k, _ in links]),
         "b_of": int_array([b for _, b in links])}
     rows = fetch(_ADMIT, {**arrays, "owner": owner, "token": token, "now": dt(plan.at),
-                          "lease_s": float(lease_s), "start": start})
+                          "lease_s": float(lease_s), "start": start}, prepare=True)
     return [_reserved(row) for row in rows], (read_dt(rows[0][-1]) if rows else None) or plan.at
 
 

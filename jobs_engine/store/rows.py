@@ -129,6 +129,10 @@ AT_LEAST_ONCE_VALUE = DeliveryMode.AT_LEAST_ONCE.value
 LONG_PENDING = (f"j.lane = '{Lane.LONG.value}' AND j.status = '{PENDING_VALUE}' "
                 "AND j.limit_key IS NULL")
 FAST_PENDING = f"j.lane = '{Lane.FAST.value}' AND j.status = '{PENDING_VALUE}'"
+# The limited targets' rows waiting (``jobs_limited_pending``) and running
+# (``jobs_limited_running``), for the admission's prepared reads.
+LIMITED_PENDING = f"j.status = '{PENDING_VALUE}' AND j.limit_key IS NOT NULL"
+LIMITED_RUNNING = f"j.status = '{RUNNING_VALUE}' AND j.limit_key IS NOT NULL"
 
 # The dedupe key of a flow step's job starts with this (``flows.queue``): such a job belongs
 # to its flow, kept and removed with it, never by its target's keep counts.

@@ -335,3 +335,59 @@ def test_a_plan_from_stale_buckets_is_held_to_them_under_the_locks(
     assert after == before
     bucket = LimitBucket.objects.get(target="lim.stale")
     assert bucket.admitted == 2 and bucket.throttled >= 1
+
+
+def test_a_poll_the_limits_held_back_leaves_the_lane_quiet(targets: Any, now: datetime
+                                                           ) -> None:
+    """Rows admitted and others held back by the limits: a poll at once would find no more
+    room, so the worker waits for its own slot to come free (a poke), a token or its idle
+    pace, instead of polling again at once as after a full reserve."""
+    targets("lim.quiet", lane="long", limits=[Concurrency(2)])
+    targets("lim.loud", lane="long")
+    enqueue_many([{"target": "lim.quiet", "payload": n} for n in range(5)])
+    lane = long_worker()
+    assert lane.run_once(now + SECOND) == 2 and lane.quiet
+    enqueue_many([{"target": "lim.loud", "payload": n} for n in range(3)])
+    JobModel.objects.filter(target="lim.quiet").delete()
+    assert lane.run_once(now + 2 * SECOND) == 3 and not lane.quiet
+
+
+def test_the_admissions_prepared_reads_keep_the_limits_indexes_in_a_generic_plan(
+        targets: Any, now: datetime) -> None:
+    """The running rows' count and the next due row are prepared: their states are
+    literals of the text, so a generic plan still matches the partial indexes
+    (``jobs_limited_running``, ``jobs_limited_pending``); as parameters, it read the
+    table (250 ms an admission at 1,000,000 rows)."""
+    from django.db import connection
+
+    from jobs_engine.store import limits as store_limits
+
+    if not store.is_postgres():  # SQLite keeps no plans
+        assert store_limits._running(["lim.plan"]) == {}
+        return
+    targets("lim.plan", lane="long", limits=[Concurrency(2)])
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        store_limits._running(["lim.plan"])
+        store_limits._next_due(["lim.plan"], now)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name, statement, parameter_types::text[] "
+                           "FROM pg_prepared_statements WHERE statement LIKE %s "
+                           "OR statement LIKE %s",
+                           ["%GROUP BY j.target, j.limit_key%", "%SELECT MIN(j.next_run_at)%"])
+            prepared = cursor.fetchall()
+            assert len(prepared) == 2
+            values = {"text": "'lim.plan'", "text[]": "'{lim.plan}'",
+                      "timestamp with time zone": "now()"}
+            indexes = set()
+            for name, _, types in prepared:
+                cursor.execute(f"EXPLAIN EXECUTE {name}("
+                               + ", ".join(values[t] for t in types) + ")")
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+                indexes |= {i for i in ("jobs_limited_running", "jobs_limited_pending")
+                            if i in plan}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET plan_cache_mode")
+    assert indexes == {"jobs_limited_running", "jobs_limited_pending"}
