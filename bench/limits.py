@@ -683,7 +683,7 @@ def poll_plans(n: int, held: Timed, free: Timed, keyed: Timed,
         ("the key skip scan (_due_keys), slots held: nothing admitted", held.statements,
          "WITH RECURSIVE keys"),
         ("the RUNNING rows per key (_running), slots held", held.statements,
-         "GROUP BY target, limit_key"),
+         "GROUP BY j.target, j.limit_key"),
         ("the admission's call (jobs_engine_limits_admit: the buckets locked, the running "
          "rows counted again, the take, the buckets written), slots free: two rows "
          "admitted", free.statements, "jobs_engine_limits_admit("),

@@ -34,7 +34,7 @@ KINDS = (
     ("limits: count held back", "throttled + v.held"),
     ("limits: lock buckets", "JOIN v ON v.target = b.target"),
     ("limits: new buckets", "INSERT INTO jobs_engine_limit_bucket"),
-    ("limits: running", "GROUP BY target, limit_key"),
+    ("limits: running", "GROUP BY j.target, j.limit_key"),
     ("limits: take", "WITH picked AS"),
     ("limits: write buckets", "UPDATE jobs_engine_limit_bucket SET tokens"),
     ("long: reserve", "locked_above AS"),

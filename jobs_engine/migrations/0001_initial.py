@@ -1,5 +1,5 @@
-"""The engine's tables, and on PostgreSQL the sequences and functions of the enqueue and the
-wake-ups, which models do not express.
+"""The engine's tables, and on PostgreSQL the sequences and functions of the enqueue, the
+wake-ups and the limits' admission, which models do not express.
 
 The tables are ``makemigrations``' output (two of them, ``Worker`` and ``JobStatShard``, list
 their last columns in the order the schema has always had them; Django reads columns by name).
@@ -24,7 +24,7 @@ from django.db import migrations, models
 from jobs_engine.store.functions import postgresql_functions
 
 # The sha256 of store/sql/enqueue.sql this migration was written for.
-ENQUEUE_SQL_DIGEST = "f8edfc8f79fa59eaf4bb6a3746406feb6cf207c4cde729098355e5ef113a33d2"
+ENQUEUE_SQL_DIGEST = "a871d15584cbc27bb56068b3abf199c0cf642edbd46c379ab2023bf0c0552e09"
 
 
 class Migration(migrations.Migration):

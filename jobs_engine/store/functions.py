@@ -1,6 +1,7 @@
-"""PostgreSQL's functions and sequences of the enqueue and the wake-ups, as the one file that
-holds them says (``sql/enqueue.sql``): its statements for the migrations that make them
-(``postgresql_functions``), and the columns of an enqueued row, in order (``ROW_COLUMNS``).
+"""PostgreSQL's functions and sequences of the enqueue, the wake-ups and the limits'
+admission, as the one file that holds them says (``sql/enqueue.sql``): its statements for
+the migrations that make them (``postgresql_functions``), and the columns of an enqueued row,
+in order (``ROW_COLUMNS``).
 
 The file is the one source: the database runs its text as it is, and Python takes the
 order of a row's values from it instead of writing that order a second time, so the two

@@ -1,10 +1,13 @@
 """The limits' statements: admission of limited targets' rows, RateLimited's block, and what
 operators see of the buckets (``jobs_engine.limits``).
 
-An admission runs in one transaction: it locks the buckets of the keys it may admit (in id
-order, so two workers never wait on each other in a circle), counts their running rows
-after the locks are granted (so it sees every admission that committed before), takes
-what the slots and tokens allow and writes the tokens back. Two workers admitting the
+An admission plans from the buckets as they are, unlocked; then, in one transaction, it
+locks the buckets of the keys it may admit (in id order, so two workers never wait on each
+other in a circle), counts their running rows after the locks are granted (so it sees
+every admission that committed before), takes what the slots and tokens allow and writes
+the tokens back. On PostgreSQL that transaction is one call (``jobs_engine_limits_admit``,
+``sql/enqueue.sql``), so the locks are never held across a round trip; SQLite plans under
+its own lock. Two workers admitting the
 same key take turns; workers admitting different keys do not meet. The slots are the
 rows themselves: a row that leaves RUNNING, by its outcome or by the lease rescue of a
 killed worker, frees its slot, so no slot leaks.
@@ -407,6 +410,21 @@ def _due_keys(targets: Sequence[str], now: datetime, after: KeyCursor, count: in
         "ORDER BY j.limit_key, j.target LIMIT %(keys)s", {**params, **target_params})]
 
 
+def _due_targets(targets: Sequence[str], now: datetime) -> list[str]:
+    """Of ``targets``, each keyed on the target alone (PostgreSQL), those not paused with a
+    due row.
+
+    Index: ``jobs_limited_pending``, one probe per target."""
+    if not targets:
+        return []
+    return [target for target, in fetch(
+        "SELECT t.name FROM unnest(%(targets)s::text[]) AS t(name) WHERE NOT EXISTS ("
+        f"SELECT 1 FROM {PAUSES} p WHERE p.target = t.name AND p.paused_until > %(now)s) "
+        f"AND EXISTS (SELECT 1 FROM {JOBS} j WHERE {LIMITED_PENDING} "
+        f"AND j.limit_key = '{TARGET_KEY}' AND j.target = t.name AND j.next_run_at <= %(now)s) "
+        "ORDER BY t.name", {"targets": text_array(targets), "now": dt(now)}, prepare=True)]
+
+
 def _next_due(targets: Sequence[str], now: datetime) -> datetime | None:
     """When the next row of ``targets`` not yet due comes due (the admission found none
     due).
@@ -440,9 +458,15 @@ def jobs_long_reserve_limited(owner: str, token: str, now: datetime, lease_s: fl
     if limit <= 0:
         return Admitted(ReservedRows(), None, now, after)
     count = max(MIN_KEYS, KEYS_PER_ROW * limit)
-    keys = [(by_name[target], key) for target, key in _due_keys(sorted(by_name), now, after,
-                                                                  count)]
-    cursor = KeyCursor(keys[-1][1]) if len(keys) == count else FIRST_KEYS
+    # A target keyed on itself alone has one key: whether it has a due row is one probe,
+    # where the skip scan is a statement planned for its values at every admission.
+    whole = sorted(name for name, target in by_name.items() if is_postgres()
+                   and all(lim.per == PER_TARGET for lim in target.limits.limits))
+    keyed = sorted(set(by_name) - set(whole))
+    found = _due_keys(keyed, now, after, count) if keyed else []
+    cursor = KeyCursor(found[-1][1]) if len(found) == count else FIRST_KEYS
+    keys = ([(by_name[target], TARGET_KEY) for target in _due_targets(whole, now)]
+            + [(by_name[target], key) for target, key in found])
     if not keys:
         due = _next_due(sorted(by_name), now) if after is FIRST_KEYS else now
         return Admitted(ReservedRows(), None if due is None else

@@ -354,10 +354,10 @@ def test_a_poll_the_limits_held_back_leaves_the_lane_quiet(targets: Any, now: da
 
 def test_the_admissions_prepared_reads_keep_the_limits_indexes_in_a_generic_plan(
         targets: Any, now: datetime) -> None:
-    """The running rows' count and the next due row are prepared: their states are
-    literals of the text, so a generic plan still matches the partial indexes
-    (``jobs_limited_running``, ``jobs_limited_pending``); as parameters, it read the
-    table (250 ms an admission at 1,000,000 rows)."""
+    """The running rows' count, a whole target's due probe and the next due row are
+    prepared: their states are literals of the text, so a generic plan still matches the
+    partial indexes (``jobs_limited_running``, ``jobs_limited_pending``); as parameters,
+    it read the table (250 ms an admission at 1,000,000 rows)."""
     from django.db import connection
 
     from jobs_engine.store import limits as store_limits
@@ -366,28 +366,30 @@ def test_the_admissions_prepared_reads_keep_the_limits_indexes_in_a_generic_plan
         assert store_limits._running(["lim.plan"]) == {}
         return
     targets("lim.plan", lane="long", limits=[Concurrency(2)])
+    reads = {"GROUP BY j.target, j.limit_key": "jobs_limited_running",
+             "SELECT MIN(j.next_run_at)": "jobs_limited_pending",
+             "FROM unnest($1::text[]) AS t(name)": "jobs_limited_pending"}
+    values = {"text": "'lim.plan'", "text[]": "'{lim.plan}'",
+              "timestamp with time zone": "now()"}
     with connection.cursor() as cursor:
         cursor.execute("SET plan_cache_mode = force_generic_plan")
     try:
         store_limits._running(["lim.plan"])
         store_limits._next_due(["lim.plan"], now)
+        store_limits._due_targets(["lim.plan"], now)
         with connection.cursor() as cursor:
             cursor.execute("SELECT name, statement, parameter_types::text[] "
-                           "FROM pg_prepared_statements WHERE statement LIKE %s "
-                           "OR statement LIKE %s",
-                           ["%GROUP BY j.target, j.limit_key%", "%SELECT MIN(j.next_run_at)%"])
-            prepared = cursor.fetchall()
-            assert len(prepared) == 2
-            values = {"text": "'lim.plan'", "text[]": "'{lim.plan}'",
-                      "timestamp with time zone": "now()"}
-            indexes = set()
-            for name, _, types in prepared:
+                           "FROM pg_prepared_statements")
+            used = {}
+            for name, statement, types in cursor.fetchall():
+                read = next((r for r in reads if r in statement), None)
+                if read is None:
+                    continue
                 cursor.execute(f"EXPLAIN EXECUTE {name}("
                                + ", ".join(values[t] for t in types) + ")")
-                plan = "\n".join(row[0] for row in cursor.fetchall())
-                indexes |= {i for i in ("jobs_limited_running", "jobs_limited_pending")
-                            if i in plan}
+                used[read] = "\n".join(row[0] for row in cursor.fetchall())
     finally:
         with connection.cursor() as cursor:
             cursor.execute("RESET plan_cache_mode")
-    assert indexes == {"jobs_limited_running", "jobs_limited_pending"}
+    assert set(used) == set(reads)
+    assert all(reads[read] in plan for read, plan in used.items()), used

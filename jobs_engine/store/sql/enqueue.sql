@@ -1,5 +1,5 @@
--- PostgreSQL's side of the enqueue and the wake-ups, the one source of these sequences and
--- functions: the engine's migrations run this file as it is (store/functions.py splits it
+-- PostgreSQL's side of the enqueue, the wake-ups and the limits' admission, the one source
+-- of these sequences and functions: the engine's migrations run this file as it is (store/functions.py splits it
 -- into statements, and undoes them in reverse). A change to it needs a new migration that
 -- runs it again (tests/unit/test_enqueue_sql.py holds the file to the newest one's digest).
 -- jobs_engine.store calls the functions by the names in store/rows.py.
