@@ -24,7 +24,7 @@ from django.db import migrations, models
 from jobs_engine.store.functions import postgresql_functions
 
 # The sha256 of store/sql/enqueue.sql this migration was written for.
-ENQUEUE_SQL_DIGEST = "df0468c1dcc59534e52a86823b2dc1d3e0d433c87a2a4060c2072a17beaa55fe"
+ENQUEUE_SQL_DIGEST = "a871d15584cbc27bb56068b3abf199c0cf642edbd46c379ab2023bf0c0552e09"
 
 
 class Migration(migrations.Migration):

@@ -259,49 +259,18 @@ BEGIN
 END
 $$;
 
--- A key's first p_take due rows claimed for jobs_engine_limits_admit, in run order, each
--- locked as it is read (SKIP LOCKED: another worker's are passed over).
-CREATE OR REPLACE FUNCTION jobs_engine_limits_take(
-    p_target text, p_key text, p_take bigint, p_at timestamptz, p_owner text, p_token text,
-    p_lease_s double precision, p_start boolean)
-RETURNS SETOF jobs_engine_job
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    RETURN QUERY
-    WITH picked AS (
-        SELECT j.id FROM jobs_engine_job j
-        WHERE j.status = 'PENDING' AND j.limit_key = p_key AND j.target = p_target
-          AND j.next_run_at <= p_at
-        ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT p_take
-        FOR UPDATE SKIP LOCKED)
-    UPDATE jobs_engine_job AS j SET status = 'RUNNING', claim_token = p_token,
-        claimed_by = p_owner, lease_until = p_at + p_lease_s * interval '1 second',
-        started_at = CASE WHEN p_start AND NOT EXISTS (
-            SELECT 1 FROM jobs_engine_targetpause p WHERE p.target = j.target)
-            THEN p_at END,
-        updated_at = p_at
-    FROM picked WHERE j.id = picked.id AND j.status = 'PENDING'
-    RETURNING j.*;
-END
-$$;
-
 -- The long lane's admission of rows its limits hold (store/limits.py,
 -- jobs_long_reserve_limited). The worker plans from the buckets as they are, read unlocked:
--- k_take rows of key n (k_target, k_key), in that order. Here, in one call, the plan's rows
--- are claimed, then the buckets locked in id order and the running rows counted after the
--- locks (each statement of a function sees what committed before it, and its own rows):
--- within every bucket's slots and tokens, the tokens are written and the call is done, the
--- locks held only to count and write. Over one (another worker admitted meanwhile), the
--- claims go back as if never made, and the buckets, locked again, cut each key's take to
--- what they allow before it is claimed. A bucket (b_*) carries its limit's values in force:
--- b_slots for a concurrency limit (b_whole: its slots count the whole target), else
--- b_starts per b_period_s with b_burst; b_held: the keys it held back in the plan. Link n:
--- key k_of[n] is under bucket b_of[n] (1-based). The admission's time is the caller's, or
--- the latest refill of an unblocked bucket if that is later (another worker's clock ran
--- ahead): tokens are counted at it, and so never twice; rows claimed before the locks at
--- an earlier time go back if a rate counts them. The rows come back claimed, updated_at
--- their admission's time.
+-- k_take rows of key n (k_target, k_key), in that order. Here, in one call, the buckets are
+-- locked in id order, the running rows counted after the locks (each statement of a
+-- function sees what committed before it), each key's take cut to what its buckets allow
+-- now, the rows claimed and the buckets written: the locks are held for this call only,
+-- never across a round trip. A bucket (b_*) carries its limit's values in force: b_slots
+-- for a concurrency limit (b_whole: its slots count the whole target), else b_starts per
+-- b_period_s with b_burst; b_held: the keys it held back in the plan. Link n: key k_of[n]
+-- is under bucket b_of[n] (1-based). The admission's time is the caller's, or the latest
+-- refill of an unblocked bucket if that is later (another worker's clock ran ahead): tokens
+-- are counted at it, and so never twice. The rows come back claimed, updated_at that time.
 CREATE OR REPLACE FUNCTION jobs_engine_limits_admit(
     k_target text[], k_key text[], k_take integer[],
     b_target text[], b_name text[], b_key text[], b_slots integer[], b_starts integer[],
@@ -313,28 +282,23 @@ RETURNS SETOF jobs_engine_job
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    n_buckets integer := coalesce(array_length(b_target, 1), 0);
-    n_links integer := coalesce(array_length(k_of, 1), 0);
-    n_keys integer := coalesce(array_length(k_target, 1), 0);
-    k_got bigint[] := array_fill(0::bigint, ARRAY[n_keys]);
-    rows_now jobs_engine_job[];
-    b_id bigint[];
-    b_tokens double precision[];
-    b_refilled timestamptz[];
-    b_blocked timestamptz[];
+    buckets integer := coalesce(array_length(b_target, 1), 0);
+    links integer := coalesce(array_length(k_of, 1), 0);
+    b_id bigint[] := array_fill(0::bigint, ARRAY[buckets]);
+    b_tokens double precision[] := array_fill(0::double precision, ARRAY[buckets]);
+    b_refilled timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
+    b_blocked timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
     b_running bigint[];
-    b_room bigint[];
-    b_taken bigint[];
-    b_left double precision[];
-    b_at timestamptz[];
+    b_room bigint[] := array_fill(0::bigint, ARRAY[buckets]);
+    b_taken integer[] := array_fill(0, ARRAY[buckets]);
     held_now integer[] := coalesce(b_held, '{}');
-    claimed jobs_engine_job[] := '{}';
-    admitted_at timestamptz;
+    b_left double precision[] := array_fill(0::double precision, ARRAY[buckets]);
+    b_at timestamptz[] := array_fill(NULL::timestamptz, ARRAY[buckets]);
+    admitted_at timestamptz := p_now;
+    locked record;
     take bigint;
     got bigint;
     burst double precision;
-    locked record;
-    first_try boolean := true;
 BEGIN
     -- A new bucket is full: refilled_at NULL reads as its burst until first written.
     INSERT INTO jobs_engine_limit_bucket (target, name, key, tokens, admitted, throttled,
@@ -344,121 +308,90 @@ BEGIN
     WHERE NOT EXISTS (SELECT 1 FROM jobs_engine_limit_bucket e WHERE e.target = w.target
                       AND e.name = w.name AND e.key = w.key)
     ON CONFLICT (target, name, key) DO NOTHING;
+    FOR locked IN
+        SELECT b.id, w.n, b.tokens, b.refilled_at, b.blocked_until
+        FROM unnest(b_target, b_name, b_key) WITH ORDINALITY AS w(target, name, key, n)
+        JOIN jobs_engine_limit_bucket b ON b.target = w.target AND b.name = w.name
+             AND b.key = w.key
+        ORDER BY b.id FOR UPDATE OF b
     LOOP
-        BEGIN
-            b_id := array_fill(0::bigint, ARRAY[n_buckets]);
-            b_tokens := array_fill(0::double precision, ARRAY[n_buckets]);
-            b_refilled := array_fill(NULL::timestamptz, ARRAY[n_buckets]);
-            b_blocked := array_fill(NULL::timestamptz, ARRAY[n_buckets]);
-            b_room := array_fill(0::bigint, ARRAY[n_buckets]);
-            b_taken := array_fill(0::bigint, ARRAY[n_buckets]);
-            b_left := array_fill(0::double precision, ARRAY[n_buckets]);
-            b_at := array_fill(NULL::timestamptz, ARRAY[n_buckets]);
-            claimed := '{}';
-            IF first_try THEN  -- the plan's rows, before the locks
-                FOR k IN 1..n_keys LOOP
-                    CONTINUE WHEN k_take[k] <= 0;
-                    rows_now := ARRAY(SELECT t FROM jobs_engine_limits_take(
-                        k_target[k], k_key[k], k_take[k], p_now, p_owner, p_token,
-                        p_lease_s, p_start) AS t);
-                    k_got[k] := cardinality(rows_now);
-                    claimed := claimed || rows_now;
-                END LOOP;
-                FOR n IN 1..n_links LOOP
-                    b_taken[b_of[n]] := b_taken[b_of[n]] + k_got[k_of[n]];
-                END LOOP;
-            END IF;
-            admitted_at := p_now;
-            FOR locked IN
-                SELECT b.id, w.n, b.tokens, b.refilled_at, b.blocked_until
-                FROM unnest(b_target, b_name, b_key) WITH ORDINALITY AS w(target, name, key, n)
-                JOIN jobs_engine_limit_bucket b ON b.target = w.target AND b.name = w.name
-                     AND b.key = w.key
-                ORDER BY b.id FOR UPDATE OF b
-            LOOP
-                b_id[locked.n] := locked.id;
-                b_tokens[locked.n] := locked.tokens;
-                b_refilled[locked.n] := locked.refilled_at;
-                b_blocked[locked.n] := locked.blocked_until;
-                IF locked.refilled_at IS NOT NULL
-                   AND NOT coalesce(locked.blocked_until > p_now, false) THEN
-                    admitted_at := greatest(admitted_at, locked.refilled_at);
-                END IF;
-            END LOOP;
-            SELECT array_agg(CASE WHEN w.slots IS NULL THEN 0
-                WHEN w.whole THEN (SELECT count(*) FROM jobs_engine_job j
-                                   WHERE j.status = 'RUNNING' AND j.limit_key IS NOT NULL
-                                   AND j.target = w.target)
-                ELSE (SELECT count(*) FROM jobs_engine_job j WHERE j.status = 'RUNNING'
-                      AND j.limit_key IS NOT NULL AND j.target = w.target
-                      AND j.limit_key = w.key)
-                END ORDER BY w.n)
-            INTO b_running
-            FROM unnest(b_target, b_key, b_slots, b_whole) WITH ORDINALITY
-                 AS w(target, key, slots, whole, n);
-            FOR n IN 1..n_buckets LOOP
-                -- Its tokens at the admission's time, and the time they count from: a
-                -- block's end still ahead keeps its time and its (emptied) tokens.
-                IF b_refilled[n] > admitted_at THEN
-                    b_left[n] := b_tokens[n];
-                    b_at[n] := b_refilled[n];
-                ELSIF b_slots[n] IS NULL THEN
-                    burst := coalesce(nullif(b_burst[n], 0), b_starts[n]);
-                    b_left[n] := CASE WHEN b_refilled[n] IS NULL THEN burst ELSE least(burst,
-                        b_tokens[n] + extract(epoch FROM admitted_at - b_refilled[n])
-                        ::double precision * b_starts[n] / b_period_s[n]) END;
-                    b_at[n] := admitted_at;
-                ELSE
-                    b_left[n] := 0;
-                    b_at[n] := admitted_at;
-                END IF;
-                -- The rows it may start; before the locks' claims, those claims are among
-                -- its running rows already.
-                b_room[n] := CASE WHEN b_blocked[n] > admitted_at THEN 0
-                    WHEN b_slots[n] IS NOT NULL THEN b_slots[n] - b_running[n]
-                    ELSE floor(b_left[n] + 1e-9) - b_taken[n] END;
-                IF first_try AND b_taken[n] > 0 AND (b_room[n] < 0
-                        OR b_blocked[n] > admitted_at
-                        OR (b_slots[n] IS NULL AND admitted_at > p_now)) THEN
-                    RAISE EXCEPTION USING ERRCODE = 'JE001';  -- over: the claims go back
-                END IF;
-                b_room[n] := greatest(b_room[n], 0);
-            END LOOP;
-        EXCEPTION WHEN SQLSTATE 'JE001' THEN
-            first_try := false;
-            CONTINUE;
-        END;
-        EXIT;
+        b_id[locked.n] := locked.id;
+        b_tokens[locked.n] := locked.tokens;
+        b_refilled[locked.n] := locked.refilled_at;
+        b_blocked[locked.n] := locked.blocked_until;
+        IF locked.refilled_at IS NOT NULL
+           AND NOT coalesce(locked.blocked_until > p_now, false) THEN
+            admitted_at := greatest(admitted_at, locked.refilled_at);
+        END IF;
     END LOOP;
-    IF NOT first_try THEN  -- the locks held: each key's take cut to its buckets' room
-        FOR k IN 1..n_keys LOOP
-            take := k_take[k];
-            FOR n IN 1..n_links LOOP
-                IF k_of[n] = k THEN
-                    take := least(take, b_room[b_of[n]]);
-                END IF;
-            END LOOP;
-            IF take < k_take[k] THEN  -- held back after all: by the buckets with no room
-                FOR n IN 1..n_links LOOP
-                    IF k_of[n] = k AND b_room[b_of[n]] = 0 THEN
-                        held_now[b_of[n]] := coalesce(held_now[b_of[n]], 0) + 1;
-                    END IF;
-                END LOOP;
+    SELECT array_agg(CASE WHEN w.slots IS NULL THEN 0
+        WHEN w.whole THEN (SELECT count(*) FROM jobs_engine_job j WHERE j.status = 'RUNNING'
+                           AND j.limit_key IS NOT NULL AND j.target = w.target)
+        ELSE (SELECT count(*) FROM jobs_engine_job j WHERE j.status = 'RUNNING'
+              AND j.limit_key IS NOT NULL AND j.target = w.target AND j.limit_key = w.key)
+        END ORDER BY w.n)
+    INTO b_running
+    FROM unnest(b_target, b_key, b_slots, b_whole) WITH ORDINALITY AS w(target, key, slots,
+                                                                       whole, n);
+    FOR n IN 1..buckets LOOP
+        -- Its tokens at the admission's time, and the time they count from: a block's end
+        -- still ahead keeps its time and its (emptied) tokens.
+        IF b_refilled[n] > admitted_at THEN
+            b_left[n] := b_tokens[n];
+            b_at[n] := b_refilled[n];
+        ELSIF b_slots[n] IS NULL THEN
+            burst := coalesce(nullif(b_burst[n], 0), b_starts[n]);
+            b_left[n] := CASE WHEN b_refilled[n] IS NULL THEN burst ELSE least(burst,
+                b_tokens[n] + extract(epoch FROM admitted_at - b_refilled[n])::double precision
+                * b_starts[n] / b_period_s[n]) END;
+            b_at[n] := admitted_at;
+        ELSE
+            b_left[n] := 0;
+            b_at[n] := admitted_at;
+        END IF;
+        b_room[n] := CASE WHEN b_blocked[n] > admitted_at THEN 0
+                          WHEN b_slots[n] IS NOT NULL THEN greatest(0, b_slots[n] - b_running[n])
+                          ELSE greatest(0, floor(b_left[n] + 1e-9)) END;
+    END LOOP;
+    FOR k IN 1..coalesce(array_length(k_target, 1), 0) LOOP
+        take := k_take[k];
+        FOR n IN 1..links LOOP
+            IF k_of[n] = k THEN
+                take := least(take, b_room[b_of[n]]);
             END IF;
-            CONTINUE WHEN take <= 0;
-            rows_now := ARRAY(SELECT t FROM jobs_engine_limits_take(
-                k_target[k], k_key[k], take, admitted_at, p_owner, p_token, p_lease_s,
-                p_start) AS t);
-            got := cardinality(rows_now);
-            claimed := claimed || rows_now;
-            FOR n IN 1..n_links LOOP
-                IF k_of[n] = k THEN
-                    b_room[b_of[n]] := b_room[b_of[n]] - got;
-                    b_taken[b_of[n]] := b_taken[b_of[n]] + got;
+        END LOOP;
+        IF take < k_take[k] THEN  -- held back after all: by the buckets with no room left
+            FOR n IN 1..links LOOP
+                IF k_of[n] = k AND b_room[b_of[n]] = 0 THEN
+                    held_now[b_of[n]] := coalesce(held_now[b_of[n]], 0) + 1;
                 END IF;
             END LOOP;
+        END IF;
+        CONTINUE WHEN take <= 0;
+        RETURN QUERY
+        WITH picked AS (
+            SELECT j.id FROM jobs_engine_job j
+            WHERE j.status = 'PENDING' AND j.limit_key = k_key[k] AND j.target = k_target[k]
+              AND j.next_run_at <= admitted_at
+            ORDER BY j.priority DESC, j.next_run_at, j.id LIMIT take
+            FOR UPDATE SKIP LOCKED)
+        UPDATE jobs_engine_job AS j SET status = 'RUNNING', claim_token = p_token,
+            claimed_by = p_owner,
+            lease_until = admitted_at + p_lease_s * interval '1 second',
+            started_at = CASE WHEN p_start AND NOT EXISTS (
+                SELECT 1 FROM jobs_engine_targetpause p WHERE p.target = j.target)
+                THEN admitted_at END,
+            updated_at = admitted_at
+        FROM picked WHERE j.id = picked.id AND j.status = 'PENDING'
+        RETURNING j.*;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        FOR n IN 1..links LOOP
+            IF k_of[n] = k THEN
+                b_room[b_of[n]] := b_room[b_of[n]] - got;
+                b_taken[b_of[n]] := b_taken[b_of[n]] + got;
+            END IF;
         END LOOP;
-    END IF;
+    END LOOP;
     UPDATE jobs_engine_limit_bucket AS b
     SET tokens = CASE WHEN w.slots IS NULL OR w.refilled > admitted_at THEN w.left_ - w.taken
                       ELSE 0 END,
@@ -467,6 +400,5 @@ BEGIN
     FROM unnest(b_id, b_left, b_at, b_taken, held_now, b_slots, b_refilled)
          AS w(id, left_, at_, taken, held, slots, refilled)
     WHERE b.id = w.id AND (w.taken > 0 OR coalesce(w.held, 0) > 0);
-    RETURN QUERY SELECT * FROM unnest(claimed);
 END
 $$;
