@@ -30,6 +30,7 @@ DUMP_S = 0.05
 KINDS = (
     ("limits: admit", "jobs_engine_limits_admit("),
     ("limits: due keys", "WITH RECURSIVE keys"),
+    ("limits: due targets", "AS t(name) WHERE NOT EXISTS"),
     ("limits: read buckets", "LEFT JOIN jobs_engine_limit_bucket b"),
     ("limits: count held back", "throttled + v.held"),
     ("limits: lock buckets", "JOIN v ON v.target = b.target"),
