@@ -186,7 +186,7 @@ if POSTGRESQL:  # SQLite has no functions: not collected in its run, rather than
         ``test_the_head_lookup_takes_the_key_order_index_at_any_size``)."""
         sources = dict(re.findall(r"CREATE OR REPLACE FUNCTION (\w+)\(.*?\$\$(.*?)\$\$;",
                                   functions.ENQUEUE_SQL, re.DOTALL))
-        assert len(sources) == 8 and store.INSERT_ROWS_FUNCTION in sources, sorted(sources)
+        assert len(sources) == 9 and store.INSERT_ROWS_FUNCTION in sources, sorted(sources)
         connection = connections["default"]
         with connection.cursor() as cursor:
             cursor.execute("SELECT proname, prosrc FROM pg_proc WHERE proname LIKE %s",
