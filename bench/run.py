@@ -226,6 +226,16 @@ def prepare() -> None:
 
     logging.getLogger("jobs_engine").setLevel(logging.WARNING)
     call_command("migrate", verbosity=0)
+    if store.is_postgres():
+        # The migration ran the functions' file once: a bench database made before a change
+        # to it keeps the old functions (every statement is CREATE OR REPLACE).
+        from django.db import connection
+
+        from jobs_engine.store.functions import ENQUEUE_SQL, statements
+
+        with connection.cursor() as cursor:
+            for statement in statements(ENQUEUE_SQL):
+                cursor.execute(statement)
     store.partitions_seed(jobs_settings().PARTITIONS)
 
 
