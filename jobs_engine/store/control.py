@@ -28,6 +28,7 @@ from jobs_engine.store.dialect import (
     json_array_has,
     json_array_length,
     read_dt,
+    read_instant,
     skip_locked,
     writable_ctes,
 )
@@ -495,7 +496,7 @@ def limit_override_of(target: str, name: str) -> LimitOverrideRow | None:
         return None
     target, name, slots, starts, period_s, burst, updated_at, updated_by = rows[0]
     return LimitOverrideRow(target, name, slots, starts, period_s, burst,
-                            read_dt(updated_at), updated_by)  # type: ignore[arg-type]  # NOT NULL
+                            read_instant(updated_at), updated_by)
 
 
 def limit_override_set(target: str, name: str, *, slots: int | None, starts: int | None,
@@ -565,7 +566,7 @@ def pause_of(target: str) -> PauseRow | None:
     """``target``'s pause, the breaker's or an operator's, if it has one."""
     rows = fetch(f"SELECT target, paused_until, reason FROM {PAUSES} WHERE target = %s",
                  [target])
-    return PauseRow(rows[0][0], read_dt(rows[0][1]), rows[0][2]) if rows else None  # type: ignore[arg-type]  # NOT NULL
+    return PauseRow(rows[0][0], read_instant(rows[0][1]), rows[0][2]) if rows else None
 
 
 def pause_by_hand(target: str, now: datetime, reason: str) -> bool:

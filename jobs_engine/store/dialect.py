@@ -61,6 +61,14 @@ def json_dt(value: datetime, using: str | None = None) -> Any:
     return value.isoformat() if is_postgres(using) else dt(value, using)
 
 
+def read_instant(value: Any) -> datetime:
+    """``read_dt`` of a NOT NULL column."""
+    instant = read_dt(value)
+    if instant is None:
+        raise ValueError("a NOT NULL timestamp read as NULL")
+    return instant
+
+
 def read_dt(value: Any) -> datetime | None:
     if value is None:
         return None

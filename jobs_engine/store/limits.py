@@ -49,6 +49,7 @@ from jobs_engine.store.dialect import (
     json_text_field,
     number_array,
     read_dt,
+    read_instant,
     table,
     text_array,
 )
@@ -553,7 +554,7 @@ def _admit(plan: _Plan, by_name: Mapping[str, Target], owner: str, token: str,
         "b_of": int_array([b for _, b in links])}
     rows = fetch(_ADMIT, {**arrays, "owner": owner, "token": token, "now": dt(plan.at),
                           "lease_s": float(lease_s), "start": start}, prepare=True)
-    return [_reserved(row) for row in rows], (read_dt(rows[0][-1]) if rows else None) or plan.at
+    return [_reserved(row) for row in rows], read_instant(rows[0][-1]) if rows else plan.at
 
 
 def _take(takes: Mapping[tuple[str, str], int], owner: str, token: str, now: datetime,
